@@ -70,6 +70,17 @@ class Collector:
                 self.metrics.out_of_scope.inc()
         return events
 
+    def _approved(self, document: Document) -> frozenset[str]:
+        """EventIds we approved among the Scheduled events that just vanished (rarely any)."""
+        if self.document is None:
+            return frozenset()
+        gone = [
+            e.key
+            for e in self.document.events
+            if e.status == "Scheduled" and e.key not in document.by_key
+        ]
+        return frozenset(k for k in gone if "approved" in self.outbox.transitions_of(k))
+
     def _fault(self, exc: ImdsError) -> None:
         self.metrics.poll_errors.labels(exc.kind).inc()
         if self._fault_streak == 0:
@@ -107,7 +118,9 @@ class Collector:
         document = await self.client.get_scheduled_events()
         self.metrics.imds_latency.observe(time.perf_counter() - started)
         observed = datetime.now(UTC)
-        changes = diff(self.document, document, now=observed)
+        # NotBefore is in IMDS's clock: compare it with IMDS's Date when it sends one.
+        imds_now = self.client.server_time or observed
+        changes = diff(self.document, document, now=imds_now, approved=self._approved(document))
         events = self.events_for(changes, observed)
         if self.document is None or changes or document.incarnation != self.document.incarnation:
             self.outbox.commit(events, document)
@@ -133,20 +146,26 @@ class Collector:
                 self.on_scheduled(change.event)
         return events
 
+    async def tick(self) -> list[CloudEvent]:
+        """One poll with its failure handled: logged once per streak, counted, never raised."""
+        try:
+            events = await self.poll_once()
+        except ImdsError as exc:
+            self._fault(exc)
+            return []
+        except StateError as exc:
+            self.metrics.state_errors.inc()
+            log.error("cannot record a change; will retry on the next poll: %s", exc)
+            return []
+        self._recovered()
+        return events
+
     async def run(self, stop: asyncio.Event) -> None:
         """Poll every ``interval`` seconds until ``stop`` is set; late ticks are skipped."""
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
         while not stop.is_set():
-            try:
-                await self.poll_once()
-            except ImdsError as exc:
-                self._fault(exc)
-            except StateError as exc:
-                self.metrics.state_errors.inc()
-                log.error("cannot record a change; will retry on the next poll: %s", exc)
-            else:
-                self._recovered()
+            await self.tick()
             next_tick += self.interval
             now = loop.time()
             if next_tick < now:

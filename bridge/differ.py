@@ -6,7 +6,7 @@ content, never by ``DocumentIncarnation``, which restarts when IMDS is re-enable
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -46,8 +46,11 @@ class Change:
         return {**self.event.raw, "DocumentIncarnation": self.incarnation}
 
 
-def _vanished(old: ImdsEvent, now: datetime) -> Transition:
+def _vanished(old: ImdsEvent, now: datetime, approved: Collection[str]) -> Transition:
     if old.status == "Started":
+        return Transition.COMPLETED
+    if old.key in approved:
+        # We approved it, and it is gone: it started (possibly while we were not looking).
         return Transition.COMPLETED
     # A Scheduled event that disappears was cancelled - unless its NotBefore has passed: Azure
     # starts it at NotBefore at the latest, so the bridge missed Started (it was down or IMDS
@@ -58,8 +61,18 @@ def _vanished(old: ImdsEvent, now: datetime) -> Transition:
     return Transition.CANCELLED
 
 
-def diff(previous: Document | None, current: Document, *, now: datetime) -> list[Change]:
-    """Changes from ``previous`` (None: nothing known yet) to ``current``, in document order."""
+def diff(
+    previous: Document | None,
+    current: Document,
+    *,
+    now: datetime,
+    approved: Collection[str] = frozenset(),
+) -> list[Change]:
+    """Changes from ``previous`` (None: nothing known yet) to ``current``, in document order.
+
+    ``approved`` holds the (lower-case) EventIds this bridge approved: if one vanishes while
+    Scheduled, it started unseen and is reported completed, not cancelled.
+    """
     before: Mapping[str, ImdsEvent] = previous.by_key if previous else {}
     changes: list[Change] = []
     for event in current.events:
@@ -70,10 +83,11 @@ def diff(previous: Document | None, current: Document, *, now: datetime) -> list
         elif old.status == "Scheduled" and event.status == "Started":
             changes.append(Change(Transition.STARTED, event, current.incarnation, old))
         elif event.status == "Scheduled" and old.raw != event.raw:
+            # Includes Started → Scheduled, which the docs never show: report what IMDS says.
             changes.append(Change(Transition.RESCHEDULED, event, current.incarnation, old))
         # A Started event whose other fields change is still the same impact: nothing to say.
     if previous is not None:
         for key, old in before.items():
             if key not in current.by_key:
-                changes.append(Change(_vanished(old, now), old, current.incarnation, old))
+                changes.append(Change(_vanished(old, now, approved), old, current.incarnation, old))
     return changes

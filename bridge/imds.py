@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -45,6 +47,8 @@ class ImdsClient:
         self.timeout = timeout
         self.first_timeout = first_timeout
         self._enabled = False  # becomes True after the first good answer
+        #: the Date header of the last answer (IMDS's clock), if it sent a valid one
+        self.server_time: datetime | None = None
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Self:
@@ -96,6 +100,7 @@ class ImdsClient:
                 timeout=self._timeout(first),
             ) as resp:
                 payload = await _read_limited(resp)
+                self.server_time = _http_date(resp.headers.get("Date"))
                 if resp.status != 200:
                     raise ImdsHttpError(resp.status, payload.decode("utf-8", "replace"))
                 return payload
@@ -203,6 +208,16 @@ async def resolve_identity(
         hostname,
     )
     return Identity(hostname, origin="hostname")
+
+
+def _http_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _text(value: object) -> str | None:

@@ -260,6 +260,7 @@ class Simulation:
         self.requests: deque[RequestRecord] = deque(maxlen=10000)
         self.history: list[dict[str, Any]] = []  # (incarnation, what changed) for the control API
         self.started_real = self.clock.now()
+        self._last_action = 0.0
 
     # -- identities ----------------------------------------------------------------------------
 
@@ -387,11 +388,15 @@ class Simulation:
     def tick(self) -> None:
         """Apply, in time order, everything due up to now."""
         now = self.clock.now()
+        floor = self._last_action
         for _ in range(100000):
             action = self._next_action(now)
             if action is None:
                 return
             at, _, event, what, arg = action
+            # A step that became due only because of an earlier step happens then, not before.
+            at = max(at, floor)
+            floor = self._last_action = at
             if what == "appear":
                 event.status = "Started" if event.not_before is None else "Scheduled"
                 if event.status == "Started":

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from datetime import UTC, datetime
+from email.utils import format_datetime
 from typing import Any
 
 from aiohttp import web
@@ -198,16 +200,21 @@ class SimulatorServer:
         fault = self.sim.take_fault(vm.name, request.method)
         if fault is not None:
             response = await self._apply_fault(request, fault)
-            self._record(request, vm.name, response.status if response else 0, body)
-            if response is None:
-                raise ConnectionResetError("simulated connection reset")
-            return response
+            self._record(request, vm.name, response.status, body)
+            return self._dated(response)
         api_version = request.query["api-version"]
         if request.method == "POST":
             response = self._start_requests(vm, body)
         else:
             response = self._json(self.sim.document(api_version))
         self._record(request, vm.name, response.status, body)
+        return self._dated(response)
+
+    def _dated(self, response: web.Response) -> web.Response:
+        """The Date header tells the simulated clock, as a real server tells its own."""
+        response.headers["Date"] = format_datetime(
+            datetime.fromtimestamp(self.sim.clock.now(), UTC), usegmt=True
+        )
         return response
 
     @staticmethod
@@ -243,7 +250,7 @@ class SimulatorServer:
         self.sim.tick()
         return web.Response(status=200)
 
-    async def _apply_fault(self, request: web.Request, fault: Fault) -> web.Response | None:
+    async def _apply_fault(self, request: web.Request, fault: Fault) -> web.Response:
         if fault.kind == "status":
             return _error(fault.status, f"Simulated HTTP {fault.status}")
         if fault.kind == "delay":
@@ -273,7 +280,7 @@ class SimulatorServer:
             transport = request.transport
             if transport is not None:
                 transport.abort()
-            return None
+            return web.Response(status=200)  # never written: the connection is gone
         return _error(500, f"unknown fault {fault.kind}")
 
     async def _compute(self, request: web.Request) -> web.Response:
