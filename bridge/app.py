@@ -142,6 +142,10 @@ async def run_bridge(
     metrics = Metrics()
     stop = stop or asyncio.Event()
     async with AsyncExitStack() as stack:
+        # Signals first: a SIGTERM during start-up (identity look-up can take seconds) is a
+        # clean stop, not a crash.
+        remove_signals = _install_signals(stop) if install_signals else (lambda: None)
+        stack.callback(remove_signals)
         client = await stack.enter_async_context(
             ImdsClient(
                 settings.imds_endpoint,
@@ -225,8 +229,6 @@ async def run_bridge(
                 "health and metrics",
                 extra={"listen": f"{settings.listen.host}:{bridge.health_port}"},
             )
-        remove_signals = _install_signals(stop) if install_signals else (lambda: None)
-        stack.callback(remove_signals)
         async with asyncio.TaskGroup() as group:
             drain_tasks = [
                 group.create_task(d.run(), name=f"sink[{d.name}].drain") for d in drainers

@@ -182,6 +182,8 @@ async def resolve_identity(
     ``Resources``, and ``SEB_SCOPE=self`` would then see nothing.
     """
     compute: dict[str, Any] | None = None
+    if vm_name:
+        attempts = 1  # only the resource id is at stake: do not delay the first poll for it
     for attempt in range(1, attempts + 1):
         try:
             compute = await client.instance_compute()
