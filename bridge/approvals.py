@@ -239,7 +239,8 @@ class Approver:
             if request.expires_at is not None and request.expires_at <= datetime.now(UTC):
                 raise Rejection("expired", f"expired at {rfc3339(request.expires_at)}")
         except Rejection as exc:
-            verdicts = [Verdict(Outcome.REJECTED, exc.reason, None, exc.detail)]
+            claimed = _claimed_ids(body, attributes) if request is None else request.event_ids
+            verdicts = [Verdict(Outcome.REJECTED, exc.reason, i, exc.detail) for i in claimed]
         else:
             verdicts = await self._judge(request, rule=None)
         return self._finish(verdicts, request, channel=channel, digest=digest)
@@ -265,8 +266,9 @@ class Approver:
             raise Rejection("missing_signature", "SEB_APPROVAL_HMAC_KEY is set: sign messages")
         if isinstance(given, bytes):
             given = given.decode("ascii", "replace")
-        expected = hmac.new(self.hmac_key, body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, given.strip().lower()):
+        expected = hmac.new(self.hmac_key, body, hashlib.sha256).hexdigest().encode()
+        # Compare bytes: compare_digest refuses non-ASCII str, and a hostile header may be any.
+        if not hmac.compare_digest(expected, given.strip().lower().encode("utf-8", "replace")):
             raise Rejection("bad_signature", "the signature does not match the body")
 
     async def _live(self) -> Document:
@@ -409,7 +411,9 @@ class Approver:
         if verdict.event is not None:
             data["event"] = dict(verdict.event.raw)
         return CloudEvent(
-            id=deterministic_id(self.identity.vm_name, kind, [verdict.event_id, digest]),
+            id=deterministic_id(
+                self.identity.vm_name, kind, [verdict.event_id, digest, verdict.reason]
+            ),
             source=self.identity.source,
             type=f"{self.prefix}.{kind}",
             subject=verdict.event_id or "",
@@ -417,6 +421,14 @@ class Approver:
             data=data,
             partitionkey=self.identity.partition_key,
         )
+
+
+def _claimed_ids(body: bytes, attributes: Mapping[str, str] | None) -> tuple[str | None, ...]:
+    """The EventIds a refused message names, for the report only (never acted upon)."""
+    try:
+        return parse_message(body, attributes).event_ids or (None,)
+    except Rejection:
+        return (None,)
 
 
 def _same_set(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

@@ -49,7 +49,7 @@ class Bridge:
         return [orjson.loads(line) for line in self.out.read_bytes().splitlines() if line]
 
     def transitions(self) -> list[tuple[str, str]]:
-        return [(e["type"].rsplit(".", 1)[1], e["subject"]) for e in self.events()]
+        return [(e["type"].rsplit(".", 1)[1], e.get("subject", "")) for e in self.events()]
 
     async def wait_for(self, count: int, timeout: float = 20) -> list[tuple[str, str]]:
         async with asyncio.timeout(timeout):
