@@ -58,8 +58,13 @@ async def main(changes: int, state_dir: Path) -> None:
         drainer = Drainer(sink, outbox, metrics)
         async with TimedClient(server.url, "2020-07-01") as client:
             collector = Collector(
-                client, outbox, Identity("vm0"), scope="self", prefix="bench",
-                interval=1.0, metrics=metrics,
+                client,
+                outbox,
+                Identity("vm0"),
+                scope="self",
+                prefix="bench",
+                interval=1.0,
+                metrics=metrics,
             )
             await collector.poll_once()
             detect: list[float] = []
@@ -81,9 +86,7 @@ async def main(changes: int, state_dir: Path) -> None:
         f"median {statistics.median(detect):.2f}  p99 {pct(detect, 0.99):.2f}  "
         f"max {max(detect):.2f}"
     )
-    print(
-        "  (poll returned → differ → CloudEvent → outbox commit (fsync) → file append + fsync)"
-    )
+    print("  (poll returned → differ → CloudEvent → outbox commit (fsync) → file append + fsync)")
     print(f"IMDS (simulator) latency   median {statistics.median(imds):.2f} ms (not included)")
 
 
