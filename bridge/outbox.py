@@ -78,7 +78,7 @@ class Outbox:
                 # history that other sinks already delivered.
                 for sink in sinks:
                     db.execute("INSERT OR IGNORE INTO cursors VALUES (?, ?)", (sink, head))
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StateError(f"cannot use state database {self.path}: {exc}") from exc
 
     def close(self) -> None:

@@ -306,7 +306,7 @@ json_values = st.recursive(
 
 
 @settings(
-    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.one_of(st.binary(max_size=300), json_values.map(orjson.dumps)))
 async def test_fuzz_no_hostile_message_posts(world: World, body: bytes) -> None:
@@ -318,7 +318,7 @@ async def test_fuzz_no_hostile_message_posts(world: World, body: bytes) -> None:
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.binary(max_size=200), st.text(max_size=70))
 async def test_fuzz_with_key_nothing_unsigned_passes(

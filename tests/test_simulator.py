@@ -335,3 +335,27 @@ def test_every_builtin_scenario_loads() -> None:
 def test_api_versions_are_the_documented_ones() -> None:
     """The simulator knows exactly the documented api-versions."""
     assert API_VERSIONS[-1] == "2020-07-01" and "2017-11-01" in API_VERSIONS
+
+
+def test_json_scenario_file(tmp_path: Any) -> None:
+    """Scenarios may be JSON files as well as YAML."""
+    import json
+
+    from bridge.simulator.server import simulation_from_scenario
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"speed": 10, "vms": ["x"], "events": [{"type": "Preempt"}]}))
+    sim = simulation_from_scenario(load_scenario(str(path)))
+    assert [e.event_type for e in sim.events] == ["Preempt"]
+    assert sim.events[0].not_before is not None
+    assert sim.events[0].not_before - sim.events[0].appear_at == 3.0  # 30 s notice at 10x
+
+
+def test_bad_scenario_is_a_clear_error(tmp_path: Any) -> None:
+    """A scenario that is not a mapping, or a missing file, raises ValueError with the name."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("- just a list\n")
+    with pytest.raises(ValueError, match="bad.yaml"):
+        load_scenario(str(path))
+    with pytest.raises(ValueError, match="no scenario"):
+        load_scenario("does-not-exist")
