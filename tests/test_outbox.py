@@ -103,7 +103,7 @@ def test_read_only_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     """An unusable state directory raises StateError naming the database."""
     target = tmp_path / "file-not-dir"
     target.write_text("x")
-    with pytest.raises(StateError, match="seb.sqlite3"):
+    with pytest.raises(StateError, match=r"seb\.sqlite3"):
         Outbox(target).open(["a"])
 
 

@@ -355,7 +355,7 @@ def test_bad_scenario_is_a_clear_error(tmp_path: Any) -> None:
     """A scenario that is not a mapping, or a missing file, raises ValueError with the name."""
     path = tmp_path / "bad.yaml"
     path.write_text("- just a list\n")
-    with pytest.raises(ValueError, match="bad.yaml"):
+    with pytest.raises(ValueError, match=r"bad\.yaml"):
         load_scenario(str(path))
     with pytest.raises(ValueError, match="no scenario"):
         load_scenario("does-not-exist")
