@@ -28,7 +28,7 @@ from bridge.metrics import Metrics
 from bridge.outbox import Outbox
 from bridge.policy import AutoApprovePolicy
 from bridge.sources import ApprovalMessage, ApprovalSource, FileSource, Handler
-from sinks import Sink, create_sink
+from sinks import APPROVAL_SOURCES, Sink, create_sink, load
 
 __all__ = ["Bridge", "run_bridge"]
 
@@ -106,15 +106,14 @@ def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
     return remove
 
 
-def _sources(settings: Settings, outbox: Outbox) -> list[ApprovalSource]:
+def _sources(settings: Settings, outbox: Outbox, identity: Identity) -> list[ApprovalSource]:
     if settings.approval_source == "none":
         return []
     if settings.approval_source == "file":
         assert settings.approval_file_path is not None
         return [FileSource(settings.approval_file_path, outbox)]
-    raise NotImplementedError(
-        f"SEB_APPROVAL_SOURCE={settings.approval_source} is not available in this version"
-    )
+    factory = load(APPROVAL_SOURCES, settings.approval_source, "SEB_APPROVAL_SOURCE")
+    return [factory(settings, identity.vm_name)]
 
 
 async def _auto_approve(approver: Approver, queue: asyncio.Queue[ImdsEvent]) -> None:
@@ -196,7 +195,9 @@ async def run_bridge(
             on_commit=wake_all,
         )
         auto_queue: asyncio.Queue[ImdsEvent] = asyncio.Queue()
-        chosen_sources = list(sources) if sources is not None else _sources(settings, outbox)
+        chosen_sources = (
+            list(sources) if sources is not None else _sources(settings, outbox, identity)
+        )
         if settings.approval_hmac_key is None and settings.approval_source != "none":
             log.warning(
                 "SEB_APPROVAL_HMAC_KEY is not set: anyone who can send to the approval channel "

@@ -10,7 +10,7 @@ from bridge.errors import BridgeError
 from bridge.imds import ImdsClient, resolve_identity
 from bridge.logs import redact_url
 from bridge.policy import AutoApprovePolicy
-from sinks import create_sink
+from sinks import APPROVAL_SOURCES, create_sink, load
 
 __all__ = ["run_checks"]
 
@@ -69,7 +69,12 @@ async def run_checks(settings: Settings, echo: Callable[[str], None]) -> bool:
     elif settings.approval_source == "file":
         report(True, "approvals", f"file {settings.approval_file_path}")
     else:
-        report(False, "approvals", f"{settings.approval_source} is not available in this version")
+        try:
+            factory = load(APPROVAL_SOURCES, settings.approval_source, "approval source")
+            source = factory(settings, identity.vm_name)
+            report(True, f"approvals {settings.approval_source}", await source.check())
+        except (BridgeError, NotImplementedError, OSError) as exc:
+            report(False, f"approvals {settings.approval_source}", str(exc))
     if settings.approval_source != "none" and settings.approval_hmac_key is None:
         echo("WARN approvals: SEB_APPROVAL_HMAC_KEY unset: anyone who can send may approve")
     return failures == 0

@@ -147,8 +147,13 @@ def simulator(
 @click.option("--reason", default=None, help="Why (published with the outcome).")
 @click.option("--approved-by", default=None, help="Who approves (default: user@host).")
 @click.option("--expires-in", type=float, default=None, help="Seconds the approval stays valid.")
+@click.option("--vm", default=None, help="The VM it is for (Kafka key; default SEB_VM_NAME).")
 def approve(
-    event_id: str, reason: str | None, approved_by: str | None, expires_in: float | None
+    event_id: str,
+    reason: str | None,
+    approved_by: str | None,
+    expires_in: float | None,
+    vm: str | None,
 ) -> None:
     """Send an approval for EVENT_ID through the configured approval channel."""
     import getpass
@@ -184,11 +189,15 @@ def approve(
         return
     if settings.approval_source == "none":
         _config_exit(ConfigError("SEB_APPROVAL_SOURCE", "is none: there is no channel to send on"))
-    click.echo(
-        f"seb approve: sending through {settings.approval_source} is not available in this version",
-        err=True,
-    )
-    sys.exit(1)
+    from sinks import APPROVAL_SENDERS, load
+
+    try:
+        sender = load(APPROVAL_SENDERS, settings.approval_source, "approval channel")
+        where = asyncio.run(sender(settings, body, properties, vm or settings.vm_name))
+    except (NotImplementedError, BridgeError) as exc:
+        click.echo(f"seb approve: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"approval for {event_id} sent to {settings.approval_source} {where}")
 
 
 @cli.command()

@@ -10,13 +10,20 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 if TYPE_CHECKING:
     from bridge.config import Settings
     from bridge.events import CloudEvent
 
-__all__ = ["REGISTRY", "Sink", "create_sink"]
+__all__ = [
+    "APPROVAL_SENDERS",
+    "APPROVAL_SOURCES",
+    "REGISTRY",
+    "Sink",
+    "create_sink",
+    "load",
+]
 
 
 @runtime_checkable
@@ -51,15 +58,32 @@ class Sink(Protocol):
 REGISTRY: dict[str, str] = {
     "stdout": "sinks.stdout:from_settings",
     "file": "sinks.file:from_settings",
+    "kafka": "sinks.kafka:from_settings",
 }
+
+
+#: approval source name → "module:factory(settings, vm_name) -> ApprovalSource".
+APPROVAL_SOURCES: dict[str, str] = {
+    "kafka": "sinks.kafka:approval_source",
+}
+#: approval channel → "module:coroutine(settings, body, properties, vm) -> description"
+#: (what `seb approve` uses).
+APPROVAL_SENDERS: dict[str, str] = {
+    "kafka": "sinks.kafka:send_approval",
+}
+
+
+def load(table: dict[str, str], name: str, what: str) -> Any:
+    """Import ``table[name]`` lazily; a name not in the table is not available in this version."""
+    try:
+        target = table[name]
+    except KeyError:
+        raise NotImplementedError(f"{what} {name!r} is not available in this version") from None
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def create_sink(name: str, settings: Settings) -> Sink:
     """Import the sink's module only now, and build it from its slice of the settings."""
-    try:
-        target = REGISTRY[name]
-    except KeyError:
-        raise NotImplementedError(f"sink {name!r} is not available in this version") from None
-    module_name, _, attr = target.partition(":")
-    factory: Callable[[Settings], Sink] = getattr(importlib.import_module(module_name), attr)
+    factory: Callable[[Settings], Sink] = load(REGISTRY, name, "sink")
     return factory(settings)

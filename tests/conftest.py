@@ -6,7 +6,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +66,26 @@ def bridge_env(tmp_path: Path, endpoint: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+@pytest.fixture(scope="session")
+def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Kafka-protocol broker for the whole session (tests use their own topics)."""
+    from tests.brokers import Tansu
+
+    broker = Tansu(free_port(), tmp_path_factory.mktemp("tansu") / "tansu.log")
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+async def run_seb(*args: str, env: dict[str, str], timeout: float = 60) -> tuple[int, str, str]:
+    """Run a `seb` command without blocking the event loop (an in-process simulator may need it)."""
+    import asyncio
+
+    proc = await asyncio.create_subprocess_exec(
+        *SEB, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
