@@ -139,7 +139,7 @@ class Settings(BaseSettings):
     kafka_bootstrap_servers: str | None = None
     kafka_topic: str = "scheduled-events"
     kafka_content_mode: Literal["binary", "structured"] = "binary"
-    kafka_profile: Literal["none", "eventhubs"] = "none"
+    kafka_profile: Literal["none", "eventhubs", "eventhubs-entra"] = "none"
 
     servicebus_connection_string: SecretStr | None = None
     servicebus_namespace: str | None = None

@@ -69,6 +69,21 @@ _PERMANENT = {
 }
 
 
+def _entra_token_callback(bootstrap_servers: str) -> Any:
+    """OAUTHBEARER tokens from Azure AD (managed identity on the VM; user-assigned through
+    AZURE_CLIENT_ID), for the Event Hubs namespace named by the bootstrap server."""
+    host = bootstrap_servers.split(",")[0].rsplit(":", 1)[0]
+    scope = f"https://{host}/.default"
+
+    def token(_config: str) -> tuple[str, float]:
+        from azure.identity import DefaultAzureCredential  # only when this profile is used
+
+        access = DefaultAzureCredential().get_token(scope)
+        return access.token, float(access.expires_on)
+
+    return token
+
+
 def redacted(properties: Mapping[str, str]) -> dict[str, str]:
     """librdkafka properties with every secret-bearing value masked (for logs and reports)."""
     return {
@@ -82,7 +97,7 @@ class KafkaConfig:
     bootstrap_servers: str
     topic: str
     content_mode: Literal["binary", "structured"] = "binary"
-    profile: Literal["none", "eventhubs"] = "none"
+    profile: Literal["none", "eventhubs", "eventhubs-entra"] = "none"
     properties: Mapping[str, str] = field(default_factory=dict)
 
     def client_properties(self) -> dict[str, Any]:
@@ -93,6 +108,11 @@ class KafkaConfig:
         }
         if self.profile == "eventhubs":
             conf.update(EVENT_HUBS_PROFILE)
+        elif self.profile == "eventhubs-entra":
+            conf.update(EVENT_HUBS_PROFILE)
+            del conf["sasl.username"]
+            conf["sasl.mechanism"] = "OAUTHBEARER"
+            conf["oauth_cb"] = _entra_token_callback(self.bootstrap_servers)
         conf.update(self.properties)
         conf["logger"] = logging.getLogger("sinks.kafka.librdkafka")
         return conf

@@ -109,3 +109,25 @@ def test_registry_imports_lazily() -> None:
     assert sink.name == "stdout"
     assert "confluent_kafka" not in sys.modules and "azure.servicebus" not in sys.modules
     assert set(REGISTRY) >= {"stdout", "file"}
+
+
+def test_kafka_profiles_and_overrides() -> None:
+    """Defaults are acks=all + idempotence; Event Hubs turns idempotence off; props win last."""
+    from sinks.kafka import KafkaConfig
+
+    plain = KafkaConfig("b:9092", "t").producer_properties()
+    assert plain["acks"] == "all" and plain["enable.idempotence"] == "true"
+    hubs = KafkaConfig(
+        "ns.servicebus.windows.net:9093",
+        "t",
+        profile="eventhubs",
+        properties={"sasl.password": "Endpoint=sb://ns/;SharedAccessKey=x"},
+    ).producer_properties()
+    assert hubs["security.protocol"] == "SASL_SSL" and hubs["sasl.username"] == "$ConnectionString"
+    assert hubs["enable.idempotence"] == "false"
+    entra = KafkaConfig("ns.servicebus.windows.net:9093", "t", profile="eventhubs-entra")
+    conf = entra.producer_properties()
+    assert conf["sasl.mechanism"] == "OAUTHBEARER" and callable(conf["oauth_cb"])
+    assert "sasl.username" not in conf
+    override = KafkaConfig("b:9092", "t", properties={"acks": "1"}).producer_properties()
+    assert override["acks"] == "1"
