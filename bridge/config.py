@@ -10,8 +10,9 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import string
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,6 +30,7 @@ from bridge.errors import ConfigError
 
 __all__ = [
     "KNOWN_API_VERSIONS",
+    "MQTT_PLACEHOLDERS",
     "SINK_NAMES",
     "Listen",
     "Settings",
@@ -98,6 +100,27 @@ class Listen:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+#: placeholders of SEB_MQTT_TOPIC
+MQTT_PLACEHOLDERS = frozenset({"vm", "transition", "eventtype"})
+
+
+def check_topic_template(
+    template: str, allowed: Collection[str], *, wildcards: bool = False
+) -> str:
+    """Raise ValueError for unknown ``{placeholders}`` (or wildcards in a publish topic)."""
+    try:
+        names = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"bad topic template: {exc}") from None
+    if unknown := names - set(allowed):
+        raise ValueError(
+            f"unknown placeholder {{{sorted(unknown)[0]}}}; use {', '.join(sorted(allowed))}"
+        )
+    if not wildcards and ("+" in template or "#" in template):
+        raise ValueError("a topic to publish to cannot contain the wildcards + or #")
+    return template
+
+
 def default_state_dir() -> Path:
     """systemd's StateDirectory, /var/lib/seb for root, else the user's XDG state directory."""
     if systemd := os.environ.get("STATE_DIRECTORY"):
@@ -148,6 +171,13 @@ class Settings(BaseSettings):
     mqtt_url: SecretStr | None = None
     mqtt_topic: str | None = None
     mqtt_version: Literal["5", "3.1.1"] = "5"
+    mqtt_content_mode: Literal["binary", "structured"] = "binary"
+    mqtt_client_id: str | None = None
+    mqtt_username: str | None = None
+    mqtt_password: SecretStr | None = None
+    mqtt_ca_file: Path | None = None
+    mqtt_cert_file: Path | None = None
+    mqtt_key_file: Path | None = None
 
     http_url: SecretStr | None = None
 
@@ -265,6 +295,24 @@ class Settings(BaseSettings):
                 raise ValueError("expected mqtt://[user:pass@]host[:port] or mqtts://…")
         return value
 
+    @field_validator("mqtt_topic")
+    @classmethod
+    def _mqtt_topic(cls, value: str | None) -> str | None:
+        return None if value is None else check_topic_template(value, MQTT_PLACEHOLDERS)
+
+    @field_validator("approval_mqtt_topic")
+    @classmethod
+    def _approval_topic(cls, value: str | None) -> str | None:
+        # A subscription may use the + and # wildcards.
+        return None if value is None else check_topic_template(value, {"vm"}, wildcards=True)
+
+    @field_validator("mqtt_ca_file", "mqtt_cert_file", "mqtt_key_file")
+    @classmethod
+    def _existing_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError("no such file")
+        return value
+
     @field_validator("http_url")
     @classmethod
     def _http_url(cls, value: SecretStr | None) -> SecretStr | None:
@@ -291,6 +339,7 @@ class Settings(BaseSettings):
 
 _SECRET_FIELDS = {
     "servicebus_connection_string",
+    "mqtt_password",
     "mqtt_url",
     "http_url",
     "approval_hmac_key",

@@ -59,17 +59,20 @@ REGISTRY: dict[str, str] = {
     "stdout": "sinks.stdout:from_settings",
     "file": "sinks.file:from_settings",
     "kafka": "sinks.kafka:from_settings",
+    "mqtt": "sinks.mqtt:from_settings",
 }
 
 
 #: approval source name → "module:factory(settings, vm_name) -> ApprovalSource".
 APPROVAL_SOURCES: dict[str, str] = {
     "kafka": "sinks.kafka:approval_source",
+    "mqtt": "sinks.mqtt:approval_source",
 }
 #: approval channel → "module:coroutine(settings, body, properties, vm) -> description"
 #: (what `seb approve` uses).
 APPROVAL_SENDERS: dict[str, str] = {
     "kafka": "sinks.kafka:send_approval",
+    "mqtt": "sinks.mqtt:send_approval",
 }
 
 

@@ -90,3 +90,128 @@ class Tansu:
         finally:
             consumer.close()
         return records
+
+
+class Mosquitto:
+    """A private mosquitto (Debian package) on a free port, with a generated config."""
+
+    def __init__(
+        self,
+        port: int,
+        folder: Path,
+        *,
+        users: dict[str, str] | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
+    ) -> None:
+        self.port = port
+        self.folder = folder
+        self.users = users
+        self.tls = tls
+        self.proc: subprocess.Popen[bytes] | None = None
+        folder.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
+
+    def _config(self) -> Path:
+        lines = [
+            f"listener {self.port} 127.0.0.1",
+            "user root",
+            "persistence true",
+            f"persistence_location {self.folder}/",
+            "max_queued_messages 10000",
+        ]
+        if self.users:
+            passwords = self.folder / "passwd"
+            passwords.write_text("")
+            for user, password in self.users.items():
+                subprocess.run(
+                    ["mosquitto_passwd", "-b", str(passwords), user, password],
+                    check=True,
+                    capture_output=True,
+                )
+            lines += ["allow_anonymous false", f"password_file {passwords}"]
+        else:
+            lines.append("allow_anonymous true")
+        if self.tls:
+            ca, cert, key = self.tls
+            lines += [f"cafile {ca}", f"certfile {cert}", f"keyfile {key}"]
+        path = self.folder / "mosquitto.conf"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start(self) -> None:
+        import shutil
+
+        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        self.proc = subprocess.Popen(
+            [binary, "-c", str(self._config())],
+            stdout=subprocess.DEVNULL,
+            stderr=(self.folder / "mosquitto.log").open("ab"),
+        )
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: mosquitto saves its persistence file
+            self.proc.wait(10)
+
+
+def make_tls(folder: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 (openssl)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, csr, cert = (
+        folder / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem")
+    )
+    ext = folder / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=seb test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        "2",
+        "-extfile",
+        str(ext),
+    )
+    return ca, cert, key

@@ -89,3 +89,14 @@ async def run_seb(*args: str, env: dict[str, str], timeout: float = 60) -> tuple
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One private mosquitto for the session (not the machine's own on 1883)."""
+    from tests.brokers import Mosquitto
+
+    broker = Mosquitto(free_port(), tmp_path_factory.mktemp("mosquitto"))
+    broker.start()
+    yield broker
+    broker.stop()
