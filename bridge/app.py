@@ -20,15 +20,15 @@ from bridge.approvals import Approver, Outcome
 from bridge.collector import Collector
 from bridge.config import Settings, unknown_variables
 from bridge.delivery import Drainer
-from bridge.document import ImdsEvent
+from bridge.document import Document, ImdsEvent
 from bridge.events import Identity
 from bridge.health import HealthServer
 from bridge.imds import ImdsClient, resolve_identity
 from bridge.metrics import Metrics
 from bridge.outbox import Outbox
-from bridge.policy import AutoApprovePolicy
+from bridge.policy import AutoApprovePolicy, in_scope
 from bridge.sources import ApprovalMessage, ApprovalSource, FileSource, Handler
-from sinks import APPROVAL_SOURCES, Sink, create_sink, load
+from sinks import APPROVAL_SOURCES, Sink, StateSink, create_sink, load
 
 __all__ = ["Bridge", "run_bridge"]
 
@@ -114,6 +114,16 @@ def _sources(settings: Settings, outbox: Outbox, identity: Identity) -> list[App
         return [FileSource(settings.approval_file_path, outbox)]
     factory = load(APPROVAL_SOURCES, settings.approval_source, "SEB_APPROVAL_SOURCE")
     return [factory(settings, identity.vm_name)]
+
+
+def _share_state(
+    sinks: list[Sink], identity: Identity, settings: Settings, document: Document
+) -> None:
+    """Hand this VM's current events to sinks that keep a latest-state view (MQTT retained)."""
+    mine = [dict(e.raw) for e in document.events if in_scope(e, identity.vm_name, settings.scope)]
+    for sink in sinks:
+        if isinstance(sink, StateSink):
+            sink.set_state(identity.vm_name, document.incarnation, mine)
 
 
 async def _auto_approve(approver: Approver, queue: asyncio.Queue[ImdsEvent]) -> None:
@@ -218,7 +228,10 @@ async def run_bridge(
             metrics=metrics,
             on_commit=wake_all,
             on_scheduled=on_scheduled,
+            on_document=lambda document: _share_state(chosen, identity, settings, document),
         )
+        if collector.document is not None:  # what we knew before a restart, until the next poll
+            _share_state(chosen, identity, settings, collector.document)
         bridge = Bridge(
             settings, identity, client, outbox, collector, drainers, metrics, stop, approver
         )

@@ -43,6 +43,7 @@ class Collector:
         metrics: Metrics,
         on_commit: Callable[[], None] = lambda: None,
         on_scheduled: Callable[[ImdsEvent], None] = lambda event: None,
+        on_document: Callable[[Document], None] = lambda document: None,
     ) -> None:
         self.client = client
         self.outbox = outbox
@@ -53,6 +54,7 @@ class Collector:
         self.metrics = metrics
         self.on_commit = on_commit
         self.on_scheduled = on_scheduled
+        self.on_document = on_document
         self.document: Document | None = outbox.load_document()
         self.last_success: float | None = None  # monotonic
         self._fault_streak = 0
@@ -122,9 +124,12 @@ class Collector:
         imds_now = self.client.server_time or observed
         changes = diff(self.document, document, now=imds_now, approved=self._approved(document))
         events = self.events_for(changes, observed)
-        if self.document is None or changes or document.incarnation != self.document.incarnation:
+        changed = self.document is None or bool(changes)
+        if changed or document.incarnation != self.document.incarnation:  # type: ignore[union-attr]
             self.outbox.commit(events, document)
         self.document = document
+        if changed:
+            self.on_document(document)
         self.last_success = time.monotonic()
         self.metrics.last_poll.set(time.time())
         self.metrics.incarnation.set(document.incarnation)

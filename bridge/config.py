@@ -172,6 +172,7 @@ class Settings(BaseSettings):
     mqtt_topic: str | None = None
     mqtt_version: Literal["5", "3.1.1"] = "5"
     mqtt_content_mode: Literal["binary", "structured"] = "binary"
+    mqtt_state_topic: str = "scheduledevents/{vm}/state"
     mqtt_client_id: str | None = None
     mqtt_username: str | None = None
     mqtt_password: SecretStr | None = None
@@ -299,6 +300,11 @@ class Settings(BaseSettings):
     @classmethod
     def _mqtt_topic(cls, value: str | None) -> str | None:
         return None if value is None else check_topic_template(value, MQTT_PLACEHOLDERS)
+
+    @field_validator("mqtt_state_topic")
+    @classmethod
+    def _state_topic(cls, value: str) -> str:
+        return value if value.lower() == "off" else check_topic_template(value, {"vm"})
 
     @field_validator("approval_mqtt_topic")
     @classmethod

@@ -21,6 +21,7 @@ __all__ = [
     "APPROVAL_SOURCES",
     "REGISTRY",
     "Sink",
+    "StateSink",
     "create_sink",
     "load",
 ]
@@ -52,6 +53,17 @@ class Sink(Protocol):
     async def check(self) -> str:
         """Probe connectivity for ``seb check``; return a one-line report or raise SinkError."""
         ...
+
+
+@runtime_checkable
+class StateSink(Protocol):
+    """Optional capability: keep a latest-value view of this VM's current events.
+
+    Latest-value semantics: only the newest state matters, so a sink keeps one pending slot and
+    publishes it when it can; nothing needs the outbox.
+    """
+
+    def set_state(self, vm: str, incarnation: int, events: list[dict[str, Any]]) -> None: ...
 
 
 #: sink name → "module:factory"; the factory takes the Settings and returns a Sink.

@@ -14,24 +14,28 @@ on its own thread; its callbacks come back into the event loop only via ``call_s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import ssl
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import unquote, urlsplit
 
+import orjson
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from bridge.delivery import backoff
 from bridge.errors import SinkRejected, SinkUnavailable
-from bridge.events import STRUCTURED_CONTENT_TYPE, CloudEvent
+from bridge.events import STRUCTURED_CONTENT_TYPE, CloudEvent, rfc3339
 from bridge.sources import ApprovalMessage, Handler, settle
 
 if TYPE_CHECKING:
@@ -83,6 +87,7 @@ class MqttConfig:
     username: str | None = None
     password: str | None = None
     ack_timeout: float = 30.0
+    state_topic: str | None = "scheduledevents/{vm}/state"  # retained; None: off
 
     @property
     def host(self) -> str:
@@ -243,10 +248,17 @@ class MqttSink:
         self.config = config
         self.structured = config.version == "3.1.1" or config.content_mode == "structured"
         self._conn: _Connection | None = None
+        self._state: tuple[str, int, list[dict[str, Any]]] | None = None
+        self._state_wake = asyncio.Event()
+        self._state_done = asyncio.Event()  # set while no state waits to be published
+        self._state_done.set()
+        self._state_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Self:
         self._conn = _Connection(self.config, self.config.client_id)
         self._conn.start()
+        if self.config.state_topic is not None:
+            self._state_task = asyncio.create_task(self._state_loop(), name="sink[mqtt].state")
         log.info(
             "mqtt sink",
             extra={
@@ -267,9 +279,70 @@ class MqttSink:
         await self.close()
 
     async def close(self) -> None:
+        task, self._state_task = self._state_task, None
+        if task is not None:
+            if self._state is not None:  # give the newest state a moment to go out
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._state_flushed(), 2.0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.stop()
+
+    # -- the retained per-VM state topic -----------------------------------------------------
+
+    def set_state(self, vm: str, incarnation: int, events: list[dict[str, Any]]) -> None:
+        """Latest value wins: only the newest state is kept and published (retained)."""
+        if self.config.state_topic is None:
+            return
+        self._state = (vm, incarnation, events)
+        self._state_done.clear()
+        self._state_wake.set()
+
+    async def _state_flushed(self) -> None:
+        await self._state_done.wait()
+
+    async def _state_loop(self) -> None:
+        """Publish the newest state retained; an empty state clears the retained message."""
+        assert self.config.state_topic is not None
+        attempt = 0
+        while True:
+            await self._state_wake.wait()
+            self._state_wake.clear()
+            pending, conn = self._state, self._conn
+            if pending is None or conn is None:
+                continue
+            vm, incarnation, events = pending
+            topic = self.config.state_topic.format(vm=_UNSAFE.sub("_", vm) or "_")
+            payload = b""  # zero-length retained: the broker forgets the state (no events)
+            if events:
+                payload = orjson.dumps(
+                    {
+                        "vm": vm,
+                        "DocumentIncarnation": incarnation,
+                        "Events": events,
+                        "updated": rfc3339(datetime.now(UTC)),
+                    }
+                )
+            props = None
+            if conn.v5:
+                props = _properties(PacketTypes.PUBLISH)
+                props.ContentType = "application/json"
+            try:
+                async with asyncio.timeout(self.config.ack_timeout):
+                    await conn.publish(topic, payload, props, retain=True)
+            except (TimeoutError, SinkUnavailable) as exc:
+                attempt += 1
+                log.debug("mqtt state not published yet: %s", exc)
+                await asyncio.sleep(backoff(attempt))
+                self._state_wake.set()
+                continue
+            attempt = 0
+            if self._state is pending:
+                self._state = None
+                self._state_done.set()
 
     def encode(self, event: CloudEvent) -> tuple[bytes, Properties | None]:
         if self.structured:
@@ -397,6 +470,9 @@ def _config(settings: Settings) -> MqttConfig:
         key_file=str(settings.mqtt_key_file) if settings.mqtt_key_file else None,
         username=settings.mqtt_username,
         password=settings.mqtt_password.get_secret_value() if settings.mqtt_password else None,
+        state_topic=None
+        if settings.mqtt_state_topic.lower() == "off"
+        else settings.mqtt_state_topic,
     )
 
 

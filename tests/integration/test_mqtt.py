@@ -241,3 +241,39 @@ async def test_approval_over_mqtt_end_to_end(
         assert await bridge.stop() == 0
     code, out, _ = await run_seb("check", env=env)
     assert "OK   sink mqtt" in out and "OK   approvals mqtt" in out
+
+
+async def test_retained_state_topic_follows_the_document(
+    simulator: Any, mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """The per-VM state topic holds this VM's current events, retained, and is cleared when
+    none are left; a dashboard connecting late gets it at once."""
+    root = prefix()
+    server = await simulator(manual_clock=True)
+    event = server.sim.add_event({"type": "Reboot", "notice": 900, "started_for": 60})
+    env = bridge_env(tmp_path, server.url, SEB_SINKS="mqtt,file",
+                     SEB_FILE_PATH=str(tmp_path / "out.jsonl"), SEB_MQTT_URL=mosquitto.url,
+                     SEB_MQTT_TOPIC=root + "/{vm}/{transition}",
+                     SEB_MQTT_STATE_TOPIC=root + "/{vm}/state")
+    bridge = Bridge(env, tmp_path / "out.jsonl")
+    await bridge.start()
+    try:
+        await bridge.wait_for(1)
+        await asyncio.sleep(0.5)
+        late = Subscriber(mosquitto.url, f"{root}/vm0/state")  # connects after the fact
+        (retained,) = await late.wait(1)
+        late.close()
+        assert retained.retain
+        state = orjson.loads(retained.payload)
+        assert state["vm"] == "vm0"
+        assert [e["EventId"] for e in state["Events"]] == [event.event_id]
+        assert state["Events"][0]["EventStatus"] == "Scheduled"
+        server.sim.clock.advance(960)  # started and over
+        await bridge.wait_for(2)
+        await asyncio.sleep(1.0)
+        after = Subscriber(mosquitto.url, f"{root}/vm0/state")
+        await asyncio.sleep(1.0)
+        after.close()
+        assert after.messages == []  # cleared: nothing retained any more
+    finally:
+        assert await bridge.stop() == 0
