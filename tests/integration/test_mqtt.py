@@ -251,10 +251,15 @@ async def test_retained_state_topic_follows_the_document(
     root = prefix()
     server = await simulator(manual_clock=True)
     event = server.sim.add_event({"type": "Reboot", "notice": 900, "started_for": 60})
-    env = bridge_env(tmp_path, server.url, SEB_SINKS="mqtt,file",
-                     SEB_FILE_PATH=str(tmp_path / "out.jsonl"), SEB_MQTT_URL=mosquitto.url,
-                     SEB_MQTT_TOPIC=root + "/{vm}/{transition}",
-                     SEB_MQTT_STATE_TOPIC=root + "/{vm}/state")
+    env = bridge_env(
+        tmp_path,
+        server.url,
+        SEB_SINKS="mqtt,file",
+        SEB_FILE_PATH=str(tmp_path / "out.jsonl"),
+        SEB_MQTT_URL=mosquitto.url,
+        SEB_MQTT_TOPIC=root + "/{vm}/{transition}",
+        SEB_MQTT_STATE_TOPIC=root + "/{vm}/state",
+    )
     bridge = Bridge(env, tmp_path / "out.jsonl")
     await bridge.start()
     try:
