@@ -181,6 +181,8 @@ class Settings(BaseSettings):
     mqtt_key_file: Path | None = None
 
     http_url: SecretStr | None = None
+    http_content_mode: Literal["binary", "structured", "batch"] = "binary"
+    http_authorization: SecretStr | None = None
 
     approval_source: Literal["none", "servicebus", "kafka", "mqtt", "file"] = "none"
     approval_servicebus_queue: str | None = None
@@ -348,6 +350,7 @@ _SECRET_FIELDS = {
     "mqtt_password",
     "mqtt_url",
     "http_url",
+    "http_authorization",
     "approval_hmac_key",
 }
 

@@ -72,6 +72,7 @@ REGISTRY: dict[str, str] = {
     "file": "sinks.file:from_settings",
     "kafka": "sinks.kafka:from_settings",
     "mqtt": "sinks.mqtt:from_settings",
+    "http": "sinks.http:from_settings",
 }
 
 
