@@ -15,16 +15,10 @@ import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from bridge.errors import ConfigError
 
@@ -139,19 +133,19 @@ def _split_list(value: object) -> object:
     return value
 
 
-class Settings(BaseSettings):
+class Settings(BaseModel):
     """All ``SEB_*`` settings; field ``x_y`` is variable ``SEB_X_Y``."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=PREFIX, case_sensitive=False, extra="ignore", frozen=True
-    )
+    # Plain pydantic: load_settings() reads the environment (or a test's mapping) itself, so
+    # what a test passes is exactly what the bridge sees.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     imds_endpoint: str = "http://169.254.169.254"
     imds_api_version: str = "2020-07-01"
     imds_timeout: float = 5.0
     imds_first_timeout: float = 130.0
     poll_interval: float = 1.0
-    sinks: Annotated[tuple[str, ...], NoDecode] = ("stdout",)
+    sinks: tuple[str, ...] = ("stdout",)
     scope: Literal["self", "all", "leader"] = "self"
     vm_name: str | None = None
     state_dir: Path = Field(default_factory=default_state_dir)
@@ -194,23 +188,10 @@ class Settings(BaseSettings):
     approval_hmac_key: SecretStr | None = None
     auto_approve: str = ""
 
-    listen: Annotated[Listen, NoDecode] = Listen("127.0.0.1", 9464)
+    listen: Listen = Listen("127.0.0.1", 9464)
     shutdown_timeout: float = 10.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # load_settings() reads the environment (or a test's mapping) itself and passes the
-        # values in, so that what a test gives is exactly what the bridge sees.
-        return (init_settings,)
 
     #: ``SEB_KAFKA_PROP_<NAME>`` variables, as librdkafka property names (filled by load_settings).
     kafka_properties: dict[str, str] = Field(default_factory=dict, exclude=True)

@@ -1,0 +1,141 @@
+"""Steady-state cost at 1 Hz and start-up time, side by side in one run.
+
+Starts one IMDS simulator and, polling it at the same time (so machine noise hits all alike):
+the Azure documentation's Python sample loop; ``seb run`` with stdout only; and, when the brokers
+are available, ``seb run`` with Kafka (tansu) and MQTT (a private Mosquitto) configured. After
+``--seconds`` it reads each process's CPU time and peak RSS from /proc, and reports CPU-seconds
+per hour and the start-up time to the first poll (from the simulator's request log).
+
+    python bench/steady.py [--seconds 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.brokers import Mosquitto, Tansu  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def first_poll(sim: str, vm: str, started: float) -> float | None:
+    with urllib.request.urlopen(f"{sim}/control/requests") as resp:
+        records = json.load(resp)
+    times = [r["at"] for r in records if r["vm"] == vm and "scheduledevents" in r["path"]]
+    return (min(times) - started) if times else None
+
+
+def main(seconds: float) -> None:
+    work = Path(tempfile.mkdtemp(prefix="seb-steady-"))
+    port = free_port()
+    sim_url = f"http://127.0.0.1:{port}"
+    seb = [sys.executable, "-m", "bridge"]
+    vms = "vm-sample,vm-stdout,vm-all"
+    scenario = work / "set.json"
+    scenario.write_text(json.dumps({"vms": vms.split(","), "events": []}))
+    sim = subprocess.Popen(
+        [*seb, "simulator", "--port", str(port), "--scenario", str(scenario)],
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.5)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SEB_")}
+    base.update(SEB_LISTEN="off", SEB_LOG_LEVEL="warning", SEB_POLL_INTERVAL="1")
+    procs: dict[str, tuple[subprocess.Popen[bytes], str, float]] = {}
+
+    def launch(name: str, vm: str, cmd: list[str], env: dict[str, str]) -> None:
+        started = time.time()
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=(work / f"{name}.log").open("wb")
+        )
+        procs[name] = (proc, vm, started)
+
+    launch(
+        "Azure sample (requests, 1 s)",
+        "vm-sample",
+        [sys.executable, str(ROOT / "bench" / "azure_sample.py"), f"{sim_url}/vm/vm-sample"],
+        base,
+    )
+    launch(
+        "seb run, stdout only",
+        "vm-stdout",
+        [*seb, "run"],
+        {**base, "SEB_IMDS_ENDPOINT": f"{sim_url}/vm/vm-stdout", "SEB_STATE_DIR": str(work / "s1")},
+    )
+    brokers: list[Tansu | Mosquitto] = []
+    if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
+        kafka = Tansu(free_port(), work / "tansu.log")
+        mqtt = Mosquitto(free_port(), work / "mosq")
+        kafka.start()
+        mqtt.start()
+        brokers += [kafka, mqtt]
+        launch(
+            "seb run, stdout + Kafka + MQTT",
+            "vm-all",
+            [*seb, "run"],
+            {
+                **base,
+                "SEB_IMDS_ENDPOINT": f"{sim_url}/vm/vm-all",
+                "SEB_STATE_DIR": str(work / "s2"),
+                "SEB_SINKS": "stdout,kafka,mqtt",
+                "SEB_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap,
+                "SEB_MQTT_URL": mqtt.url,
+            },
+        )
+    time.sleep(5)  # start-up is measured separately
+    begin = {n: cpu_seconds(p.pid) for n, (p, _, _) in procs.items()}
+    time.sleep(seconds)
+    rows = []
+    for name, (proc, vm, started) in procs.items():
+        used = cpu_seconds(proc.pid) - begin[name]
+        rows.append(
+            (name, used / seconds * 3600, peak_rss_mib(proc.pid), first_poll(sim_url, vm, started))
+        )
+        proc.terminate()
+    for proc, _, _ in procs.values():
+        proc.wait(15)
+    sim.terminate()
+    for broker in brokers:
+        broker.stop()
+    print(f"steady state over {seconds:g} s at 1 poll/s (same simulator, same time)")
+    print(f"{'':34} {'CPU s/hour':>11} {'peak RSS MiB':>13} {'first poll s':>13}")
+    for name, cpu, rss, first in rows:
+        shown = f"{first:.2f}" if first is not None else "-"
+        print(f"{name:34} {cpu:11.1f} {rss:13.1f} {shown:>13}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=120)
+    main(parser.parse_args().seconds)
