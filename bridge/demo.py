@@ -14,8 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self, TextIO
+from typing import TextIO
 
 import orjson
 
@@ -23,6 +22,7 @@ from bridge.app import Bridge, run_bridge
 from bridge.approvals import Outcome
 from bridge.config import Listen, Settings
 from bridge.events import CloudEvent
+from bridge.lifecycle import AsyncResource
 from bridge.simulator import SimulatorServer, load_scenario
 from bridge.simulator.server import simulation_from_scenario
 from bridge.sources import ApprovalMessage, QueueSource
@@ -33,7 +33,7 @@ __all__ = ["run_demo"]
 VM = "demo-vm-0"
 
 
-class _Console:
+class _Console(AsyncResource):
     """The demo's sink: prints each CloudEvent and lets the runbook watch the stream."""
 
     name = "console"
@@ -43,17 +43,6 @@ class _Console:
         self.colour = colour
         self.seen: list[CloudEvent] = []
         self.changed = asyncio.Event()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     async def publish(self, batch: Sequence[CloudEvent]) -> None:
         for event in batch:

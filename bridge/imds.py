@@ -12,8 +12,7 @@ import logging
 import socket
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 import orjson
@@ -22,6 +21,7 @@ from bridge import __version__
 from bridge.document import MAX_DOCUMENT_BYTES, Document, parse_document
 from bridge.errors import ImdsBadDocument, ImdsError, ImdsHttpError, ImdsUnavailable
 from bridge.events import Identity
+from bridge.lifecycle import AsyncResource
 
 __all__ = ["INSTANCE_API_VERSION", "ImdsClient", "resolve_identity"]
 
@@ -31,7 +31,7 @@ INSTANCE_API_VERSION = "2021-02-01"
 _HEADERS = {"Metadata": "true", "User-Agent": f"scheduled-events-bridge/{__version__}"}
 
 
-class ImdsClient:
+class ImdsClient(AsyncResource):
     """One keep-alive connection to IMDS, used by the collector and the approval path."""
 
     def __init__(
@@ -51,7 +51,7 @@ class ImdsClient:
         self.server_time: datetime | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> None:
         connector = aiohttp.TCPConnector(limit=4, keepalive_timeout=60, use_dns_cache=True)
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -59,15 +59,6 @@ class ImdsClient:
             trust_env=False,  # never a proxy for IMDS, whatever HTTP_PROXY says
             auto_decompress=True,
         )
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         if self._session is not None:

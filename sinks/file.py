@@ -11,10 +11,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from bridge.errors import SinkUnavailable
+from bridge.lifecycle import AsyncResource
 
 if TYPE_CHECKING:
     from bridge.config import Settings
@@ -28,24 +28,13 @@ class FileConfig:
     path: Path
 
 
-class FileSink:
+class FileSink(AsyncResource):
     """Appends JSON lines to a file; reopens it per batch so log rotation (rename) just works."""
 
     name = "file"
 
     def __init__(self, config: FileConfig) -> None:
         self.path = config.path.expanduser()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     def _append(self, payload: bytes) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)

@@ -16,8 +16,7 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
@@ -26,6 +25,7 @@ import orjson
 from bridge import __version__
 from bridge.errors import SinkRejected, SinkUnavailable
 from bridge.events import STRUCTURED_CONTENT_TYPE, CloudEvent
+from bridge.lifecycle import AsyncResource
 
 if TYPE_CHECKING:
     from bridge.config import Settings
@@ -62,7 +62,7 @@ def binary_headers(event: CloudEvent) -> dict[str, str]:
     return headers
 
 
-class HttpSink:
+class HttpSink(AsyncResource):
     """POSTs CloudEvents to a webhook over one keep-alive session."""
 
     name = "http"
@@ -71,22 +71,13 @@ class HttpSink:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> None:
         headers = {"User-Agent": f"scheduled-events-bridge/{__version__}"}
         if self.config.authorization:
             headers["Authorization"] = self.config.authorization
         self._session = aiohttp.ClientSession(
             headers=headers, timeout=aiohttp.ClientTimeout(total=self.config.timeout)
         )
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         session, self._session = self._session, None

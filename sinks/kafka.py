@@ -19,13 +19,13 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
 from bridge.errors import SinkRejected, SinkUnavailable
 from bridge.events import STRUCTURED_CONTENT_TYPE, CloudEvent
+from bridge.lifecycle import AsyncResource
 from bridge.policy import same_vm
 from bridge.sources import ApprovalMessage, Handler, settle
 
@@ -158,7 +158,7 @@ def _settle(future: asyncio.Future[KafkaError | None], error: KafkaError | None)
         future.set_result(error)
 
 
-class KafkaSink:
+class KafkaSink(AsyncResource):
     """Publishes CloudEvents to one topic; see the module docstring for the binding."""
 
     name = "kafka"
@@ -194,7 +194,7 @@ class KafkaSink:
             await asyncio.to_thread(self._thread.join, 5.0)
             self._thread = None
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> None:
         self._open()
         log.info(
             "kafka sink ready",
@@ -204,15 +204,6 @@ class KafkaSink:
                 "properties": redacted(self.config.properties),
             },
         )
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
@@ -241,7 +232,7 @@ class KafkaSink:
         """Serve delivery reports and librdkafka's logs, off the event loop."""
         while not closing.is_set():
             try:
-                producer.poll(0.1)
+                producer.poll(1.0)  # returns at once when a report arrives
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 if isinstance(error, KafkaError) and error.fatal():

@@ -22,8 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import orjson
@@ -36,6 +35,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from bridge.delivery import backoff
 from bridge.errors import SinkRejected, SinkUnavailable
 from bridge.events import STRUCTURED_CONTENT_TYPE, CloudEvent, rfc3339
+from bridge.lifecycle import AsyncResource
 from bridge.sources import ApprovalMessage, Handler, settle
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
-class MqttSink:
+class MqttSink(AsyncResource):
     """Publishes CloudEvents at QoS 1 to a topic rendered per event."""
 
     name = "mqtt"
@@ -254,7 +254,7 @@ class MqttSink:
         self._state_done.set()
         self._state_task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> None:
         self._conn = _Connection(self.config, self.config.client_id)
         self._conn.start()
         if self.config.state_topic is not None:
@@ -268,15 +268,6 @@ class MqttSink:
                 "mode": "structured" if self.structured else "binary",
             },
         )
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         task, self._state_task = self._state_task, None

@@ -7,11 +7,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from bridge.document import parse_not_before
 from bridge.errors import SinkUnavailable
+from bridge.lifecycle import AsyncResource
 
 if TYPE_CHECKING:
     from bridge.config import Settings
@@ -71,7 +71,7 @@ def format_text(event: CloudEvent, *, colour: bool = False, now: datetime | None
     return line
 
 
-class StdoutSink:
+class StdoutSink(AsyncResource):
     """Writes to standard output; ``publish`` returns after the lines are flushed."""
 
     name = "stdout"
@@ -82,17 +82,6 @@ class StdoutSink:
         tty = self.stream.isatty()
         self.text = config.format == "text" or (config.format == "auto" and tty)
         self.colour = self.text and tty
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         # stdout may already be closed (the pipe's reader went away): nothing left to flush into.

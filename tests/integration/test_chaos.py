@@ -62,11 +62,11 @@ async def test_random_sigkills_lose_nothing(simulator: Any, tmp_path: Path) -> N
                 kills += 1
                 await bridge.start()
             async with asyncio.timeout(30):
-                while Counter(expected) - Counter(unique(bridge)):
+                while Counter(expected) - Counter(bridge.unique()):
                     await asyncio.sleep(0.05)
     finally:
         await bridge.stop()
-    delivered = unique(bridge)
+    delivered = bridge.unique()
     ids = Counter(e["id"] for e in bridge.events())
     duplicates = sum(n - 1 for n in ids.values())
     missing = Counter(expected) - Counter(delivered)
@@ -83,11 +83,3 @@ async def test_random_sigkills_lose_nothing(simulator: Any, tmp_path: Path) -> N
         assert [t for t, s in delivered if s == event_id] == [
             t for t, s in expected if s == event_id
         ]
-
-
-def unique(bridge: Bridge) -> list[tuple[str, str]]:
-    """Delivered transitions, a re-delivery of the same id counted once, in first-seen order."""
-    seen: dict[str, tuple[str, str]] = {}
-    for event in bridge.events():
-        seen.setdefault(event["id"], (event["type"].rsplit(".", 1)[1], event.get("subject", "")))
-    return list(seen.values())
