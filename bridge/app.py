@@ -21,6 +21,7 @@ from bridge.collector import Collector
 from bridge.config import Settings, unknown_variables
 from bridge.delivery import Drainer
 from bridge.document import Document, ImdsEvent
+from bridge.errors import StateError
 from bridge.events import Identity
 from bridge.health import HealthServer
 from bridge.imds import ImdsClient, resolve_identity
@@ -116,6 +117,24 @@ def _sources(settings: Settings, outbox: Outbox, identity: Identity) -> list[App
     return [factory(settings, identity.vm_name)]
 
 
+async def _maintain(outbox: Outbox, drainers: list[Drainer], metrics: Metrics) -> None:
+    """Every minute: give up (loudly) on events too old for a sink, forget delivered ones."""
+    names = [d.name for d in drainers]
+    while True:
+        await asyncio.sleep(60)
+        try:
+            for sink, count in outbox.expire(names).items():
+                metrics.outbox_expired.labels(sink).inc(count)
+                log.error(
+                    "gave up on events a sink could not take within SEB_OUTBOX_MAX_AGE",
+                    extra={"sink": sink, "events": count},
+                )
+            outbox.purge(names)
+        except StateError as exc:
+            metrics.state_errors.inc()
+            log.error("outbox upkeep failed: %s", exc)
+
+
 def _share_state(
     sinks: list[Sink], identity: Identity, settings: Settings, document: Document
 ) -> None:
@@ -176,7 +195,7 @@ async def run_bridge(
             },
         )
         chosen = sinks if sinks is not None else [create_sink(n, settings) for n in settings.sinks]
-        outbox = Outbox(settings.state_dir)
+        outbox = Outbox(settings.state_dir, max_undelivered_age=settings.outbox_max_age)
         outbox.open(s.name for s in chosen)
         stack.callback(outbox.close)
         outbox.purge(s.name for s in chosen)
@@ -248,6 +267,7 @@ async def run_bridge(
                 group.create_task(d.run(), name=f"sink[{d.name}].drain") for d in drainers
             ]
             collect = group.create_task(collector.run(stop), name="collector")
+            upkeep = group.create_task(_maintain(outbox, drainers, metrics), name="outbox.upkeep")
             intake = [
                 group.create_task(
                     src.run(bridge.handle_message(src.name)), name=f"approvals[{src.name}]"
@@ -270,7 +290,7 @@ async def run_bridge(
                 log.warning(
                     "shutdown timeout: undelivered events stay in the outbox", extra=pending
                 )
-            for task in drain_tasks:
+            for task in [*drain_tasks, upkeep]:
                 task.cancel("shutting down")
         log.info("bridge stopped")
         return bridge

@@ -49,8 +49,8 @@ KNOWN_API_VERSIONS = (
 # IMDS throttles at 5 requests per second per VM; faster polling only earns 429s.
 MIN_POLL_INTERVAL = 0.2
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-_UNITS = {None: 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {None: 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(value: object) -> float:
@@ -190,6 +190,7 @@ class Settings(BaseModel):
 
     listen: Listen = Listen("127.0.0.1", 9464)
     shutdown_timeout: float = 10.0
+    outbox_max_age: float = 7 * 86400.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
 
@@ -256,6 +257,14 @@ class Settings(BaseModel):
         seconds = parse_duration(value)
         if not 0 < seconds <= 3600:
             raise ValueError("expected seconds greater than 0 and at most 3600")
+        return seconds
+
+    @field_validator("outbox_max_age", mode="before")
+    @classmethod
+    def _max_age(cls, value: object) -> float:
+        seconds = parse_duration(value)
+        if seconds < 3600:
+            raise ValueError("expected at least 1h (e.g. 7d is 604800, or 168h)")
         return seconds
 
     @field_validator("listen", mode="before")

@@ -53,6 +53,12 @@ class Metrics:
         self.approvals = Counter(
             "seb_approvals", "Approval verdicts, by outcome", ["outcome"], registry=r
         )
+        self.outbox_expired = Counter(
+            "seb_outbox_expired_events",
+            "Events a sink never took within SEB_OUTBOX_MAX_AGE, given up on (should stay 0)",
+            ["sink"],
+            registry=r,
+        )
         self.state_errors = Counter(
             "seb_state_errors", "Failed writes to the state directory", registry=r
         )

@@ -51,9 +51,16 @@ class SinkBacklog:
 class Outbox:
     """All persistent state of one bridge. Not thread-safe: use it from the event loop only."""
 
-    def __init__(self, state_dir: Path, *, retention_seconds: float = 86400.0) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        retention_seconds: float = 86400.0,
+        max_undelivered_age: float = 7 * 86400.0,
+    ) -> None:
         self.path = state_dir / "seb.sqlite3"
         self.retention_seconds = retention_seconds
+        self.max_undelivered_age = max_undelivered_age
         self._db: sqlite3.Connection | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -163,6 +170,23 @@ class Outbox:
         ).fetchone()
         depth, oldest = int(row[0]), row[1]
         return SinkBacklog(depth, max(0.0, time.time() - oldest) if oldest else 0.0)
+
+    def expire(self, sinks: Iterable[str]) -> dict[str, int]:
+        """Give up on events a sink could not take for ``max_undelivered_age``: the one bound on
+        the outbox. Returns how many each sink skipped (the caller makes that loud)."""
+        cutoff = time.time() - self.max_undelivered_age
+        skipped: dict[str, int] = {}
+        with self._tx():
+            for sink in sinks:
+                row = self.db.execute(
+                    "SELECT COUNT(*), MAX(seq) FROM events WHERE created < ? "
+                    "AND seq > (SELECT seq FROM cursors WHERE sink=?)",
+                    (cutoff, sink),
+                ).fetchone()
+                if row[0]:
+                    self.db.execute("UPDATE cursors SET seq=? WHERE sink=?", (row[1], sink))
+                    skipped[sink] = int(row[0])
+        return skipped
 
     def purge(self, sinks: Iterable[str]) -> int:
         """Forget events every configured sink has delivered, once older than the retention.

@@ -113,3 +113,16 @@ def test_corrupt_database_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StateError):
         Outbox(tmp_path).open(["a"])
     _ = sqlite3
+
+
+def test_expire_gives_up_only_on_old_undelivered_events(tmp_path: Path) -> None:
+    """The one bound: events a sink has not taken within the max age are skipped, and counted."""
+    box = Outbox(tmp_path, max_undelivered_age=100)
+    box.open(["slow", "fast"])
+    box.commit([ce(1), ce(2)], None)
+    box.db.execute("UPDATE events SET created = created - 1000 WHERE id = 'id-1'")
+    box.ack("fast", box.fetch("fast")[-1].seq)
+    box.commit([ce(3)], None)
+    assert box.expire(["slow", "fast"]) == {"slow": 1}
+    assert [p.event.id for p in box.fetch("slow")] == ["id-2", "id-3"]
+    assert box.expire(["slow", "fast"]) == {}
