@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import re
 import ssl
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import unquote, urlsplit
 
 import orjson
@@ -136,7 +137,11 @@ class _Connection:
                 keyfile=config.key_file,
                 cert_reqs=ssl.CERT_REQUIRED,
             )
-        self.client.reconnect_delay_set(min_delay=1, max_delay=30)
+        # Capped exponential reconnect (paho doubles the delay up to 30 s), jittered by a random
+        # first delay per client so a fleet does not reconnect in lock-step after a broker
+        # restart. paho computes with any number; its hint says int.
+        first_delay = cast(int, round(random.uniform(0.5, 2.0), 3))
+        self.client.reconnect_delay_set(min_delay=first_delay, max_delay=30)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_publish = self._on_publish
