@@ -5,7 +5,10 @@ CloudEvents, SQLite outbox (synchronous=FULL), file sink with fsync — and time
 the span from ``get_scheduled_events()`` returning to the file sink's ``publish`` returning.
 IMDS latency itself is excluded (it is the simulator's, not ours) and reported separately.
 
-    python bench/detection.py [--changes 300] [--state-dir DIR]
+    python bench/detection.py [--changes 300] [--state-dir DIR] [--sinks file,kafka,mqtt]
+
+With kafka or mqtt, a private broker (tansu / Mosquitto) is started on loopback and the span ends
+at the broker's acknowledgement (Kafka delivery report with acks=all; MQTT PUBACK).
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bridge.collector import Collector
 from bridge.delivery import Drainer
@@ -48,14 +53,45 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def main(changes: int, state_dir: Path) -> None:
+def make_sink(name: str, state_dir: Path, brokers: list[Any]) -> Any:
+    if name == "file":
+        return FileSink(FileConfig(state_dir / "events.jsonl"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.brokers import Mosquitto, Tansu
+
+    if name == "kafka":
+        from sinks.kafka import KafkaConfig, KafkaSink
+
+        tansu = Tansu(free_port(), state_dir / "tansu.log")
+        tansu.start()
+        brokers.append(tansu)
+        tansu.create_topic("detect")
+        return KafkaSink(KafkaConfig(tansu.bootstrap, "detect"))
+    from sinks.mqtt import MqttConfig, MqttSink
+
+    mosq = Mosquitto(free_port(), state_dir / "mosq")
+    mosq.start()
+    brokers.append(mosq)
+    return MqttSink(MqttConfig(mosq.url, client_id="bench-detect", state_topic=None))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def main(changes: int, state_dir: Path, sink_name: str) -> None:
     sim = Simulation([VmIdentity("vm0")], clock=SimClock(start=float(int(time.time()))))
-    async with SimulatorServer(sim) as server:
+    brokers: list[Any] = []
+    async with SimulatorServer(sim) as server, make_sink(sink_name, state_dir, brokers) as sink:
         outbox = Outbox(state_dir)
-        outbox.open(["file"])
-        sink = FileSink(FileConfig(state_dir / "events.jsonl"))
+        outbox.open([sink.name])
         metrics = Metrics()
         drainer = Drainer(sink, outbox, metrics)
+        await asyncio.sleep(0.5)  # let a broker connection settle
         async with TimedClient(server.url, "2020-07-01") as client:
             collector = Collector(
                 client,
@@ -80,13 +116,16 @@ async def main(changes: int, state_dir: Path) -> None:
                 detect.append((time.perf_counter() - client.returned_at) * 1000)
                 imds.append(client.latency * 1000)
         outbox.close()
+    for broker in brokers:
+        broker.stop()
+    print(f"sink                       {sink_name}")
     print(f"changes measured           {changes}")
     print(
         "detection overhead (ms)    "
         f"median {statistics.median(detect):.2f}  p99 {pct(detect, 0.99):.2f}  "
         f"max {max(detect):.2f}"
     )
-    print("  (poll returned → differ → CloudEvent → outbox commit (fsync) → file append + fsync)")
+    print("  (poll returned → differ → CloudEvent → outbox commit (fsync) → sink acknowledged)")
     print(f"IMDS (simulator) latency   median {statistics.median(imds):.2f} ms (not included)")
 
 
@@ -94,9 +133,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--changes", type=int, default=300)
     parser.add_argument("--state-dir", type=Path, default=None)
+    parser.add_argument("--sinks", default="file", help="comma list of file, kafka, mqtt")
     args = parser.parse_args()
-    if args.state_dir:
-        asyncio.run(main(args.changes, args.state_dir))
-    else:
-        with tempfile.TemporaryDirectory(prefix="seb-bench-") as folder:
-            asyncio.run(main(args.changes, Path(folder)))
+    for name in args.sinks.split(","):
+        if args.state_dir:
+            asyncio.run(main(args.changes, args.state_dir / name, name))
+        else:
+            with tempfile.TemporaryDirectory(prefix="seb-bench-") as folder:
+                asyncio.run(main(args.changes, Path(folder), name))
