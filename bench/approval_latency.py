@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,13 +31,7 @@ from bridge.outbox import Outbox  # noqa: E402
 from bridge.simulator import SimulatorServer  # noqa: E402
 from bridge.simulator.model import Simulation, VmIdentity  # noqa: E402
 from bridge.sources import ApprovalMessage, FileSource, envelope  # noqa: E402
-from tests.brokers import Mosquitto, Tansu  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.brokers import Mosquitto, Tansu, free_port  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

@@ -57,7 +57,7 @@ def make_sink(name: str, state_dir: Path, brokers: list[Any]) -> Any:
     if name == "file":
         return FileSink(FileConfig(state_dir / "events.jsonl"))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.brokers import Mosquitto, Tansu
+    from tests.brokers import Mosquitto, Tansu, free_port
 
     if name == "kafka":
         from sinks.kafka import KafkaConfig, KafkaSink
@@ -73,14 +73,6 @@ def make_sink(name: str, state_dir: Path, brokers: list[Any]) -> Any:
     mosq.start()
     brokers.append(mosq)
     return MqttSink(MqttConfig(mosq.url, client_id="bench-detect", state_topic=None))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def main(changes: int, state_dir: Path, sink_name: str) -> None:

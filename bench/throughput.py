@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import sys
 import tempfile
 import time
@@ -26,13 +25,7 @@ sys.path.insert(0, str(ROOT))
 from bridge.differ import diff  # noqa: E402
 from bridge.document import document_from_json  # noqa: E402
 from bridge.events import Identity, from_change  # noqa: E402
-from tests.brokers import Tansu  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.brokers import Tansu, free_port  # noqa: E402
 
 
 def cpu() -> float:

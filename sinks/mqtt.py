@@ -169,6 +169,16 @@ class _Connection:
         )
         self.client.loop_start()
 
+    async def wait_connected(self, timeout: float) -> None:
+        """Return once connected; SinkUnavailable naming the last error after ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.connected.wait()
+        except TimeoutError:
+            raise SinkUnavailable(
+                f"cannot connect to {self.config.where}: {self.last_error or 'no answer'}"
+            ) from None
+
     async def stop(self) -> None:
         self.client.disconnect()
         await asyncio.to_thread(self.client.loop_stop)
@@ -380,13 +390,7 @@ class MqttSink(AsyncResource):
         conn = self._conn
         if conn is None:
             raise SinkUnavailable("mqtt sink is closed")
-        try:
-            async with asyncio.timeout(5):
-                await conn.connected.wait()
-        except TimeoutError:
-            raise SinkUnavailable(
-                f"cannot connect to {self.config.where}: {conn.last_error or 'no answer'}"
-            ) from None
+        await conn.wait_connected(5)
         return f"{self.config.where} (MQTT {self.config.version}) topic {self.config.topic!r}"
 
 
@@ -440,12 +444,7 @@ class MqttApprovalSource:
         conn = _Connection(self.config, self.config.client_id + "-check")
         conn.start()
         try:
-            async with asyncio.timeout(5):
-                await conn.connected.wait()
-        except TimeoutError:
-            raise SinkUnavailable(
-                f"cannot connect to {self.config.where}: {conn.last_error or 'no answer'}"
-            ) from None
+            await conn.wait_connected(5)
         finally:
             await conn.stop()
         return f"{self.config.where} topic {self.topic!r}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,15 +14,10 @@ import pytest
 from bridge.simulator import SimClock, SimulatorServer
 from bridge.simulator.model import Simulation, VmIdentity
 from bridge.simulator.server import simulation_from_scenario
+from tests.brokers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SEB = [sys.executable, "-m", "bridge"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
