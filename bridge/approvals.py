@@ -275,41 +275,42 @@ class Approver:
         return await self.client.get_scheduled_events()
 
     async def _judge(self, request: ApprovalRequest, *, rule: str | None) -> list[Verdict]:
-        async with self._lock:  # one judgement at a time: no double POST from a race
-            try:
+        try:
+            # The runbook may have reacted to another VM's report before this VM saw the event:
+            # look again for a while before calling it unknown. This wait holds no lock, so a
+            # message naming an unknown id does not hold up other approvals.
+            document = await self._live()
+            pending = [i for i in request.event_ids if i.lower() not in document.by_key]
+            deadline = time.monotonic() + self.unknown_grace
+            while pending and time.monotonic() < deadline and not self._all_known(pending):
+                await asyncio.sleep(self.recheck_interval)
                 document = await self._live()
-                pending = [i for i in request.event_ids if i.lower() not in document.by_key]
-                deadline = time.monotonic() + self.unknown_grace
-                # The runbook may have reacted to another VM's report before this VM saw the
-                # event: look again for a while before calling it unknown.
-                while pending and time.monotonic() < deadline and not self._all_known(pending):
-                    await asyncio.sleep(self.recheck_interval)
-                    document = await self._live()
-                    pending = [i for i in pending if i.lower() not in document.by_key]
+                pending = [i for i in pending if i.lower() not in document.by_key]
+            async with self._lock:  # check-and-POST is atomic: never two POSTs for one event
+                if not pending:
+                    document = await self._live()  # the state right now, not before the wait
                 verdicts = [self._check(i, document, request) for i in request.event_ids]
-                to_post = [v for v in verdicts if v.outcome is Outcome.APPROVED]
+                to_post = [v.event_id for v in verdicts if v.outcome is Outcome.APPROVED]
                 if to_post:
-                    await self.client.start_events([v.event_id for v in to_post if v.event_id])
+                    await self.client.start_events([i for i in to_post if i])
                     now = time.monotonic()
-                    for v in to_post:
-                        assert v.event_id is not None
-                        self._posted[v.event_id.lower()] = now
-            except ImdsHttpError as exc:
-                if exc.status == 400:
-                    return [
-                        Verdict(Outcome.REJECTED, "imds_refused", i, str(exc))
-                        for i in request.event_ids
-                    ]
+                    for event_id in to_post:
+                        assert event_id is not None
+                        self._posted[event_id.lower()] = now
+        except ImdsHttpError as exc:
+            if exc.status == 400:
                 return [
-                    Verdict(Outcome.RETRY, "imds_unavailable", i, str(exc))
+                    Verdict(Outcome.REJECTED, "imds_refused", i, str(exc))
                     for i in request.event_ids
                 ]
-            except ImdsError as exc:
-                return [
-                    Verdict(Outcome.RETRY, "imds_unavailable", i, str(exc))
-                    for i in request.event_ids
-                ]
-            return verdicts
+            return [
+                Verdict(Outcome.RETRY, "imds_unavailable", i, str(exc)) for i in request.event_ids
+            ]
+        except ImdsError as exc:
+            return [
+                Verdict(Outcome.RETRY, "imds_unavailable", i, str(exc)) for i in request.event_ids
+            ]
+        return verdicts
 
     def _all_known(self, event_ids: list[str]) -> bool:
         """True if every id was seen before (then it is gone, not unknown: no need to wait)."""

@@ -331,3 +331,14 @@ async def test_fuzz_with_key_nothing_unsigned_passes(
     outcome = await world.approver.handle(forged, {"signature": signature}, channel="fuzz")
     assert outcome is Outcome.REJECTED
     assert world.posts() == []
+
+
+async def test_unknown_id_wait_does_not_block_other_approvals(world: World) -> None:
+    """While one message waits for an unknown EventId, a valid approval goes straight through."""
+    world.approver.unknown_grace = 3.0
+    event = world.sim.add_event({"type": "Freeze"})
+    waiting = asyncio.create_task(world.send({"EventId": OTHER}))
+    await asyncio.sleep(0.2)
+    assert await world.send({"EventId": event.event_id}) is Outcome.APPROVED
+    assert not waiting.done()  # the valid one was not queued behind the unknown one
+    assert await waiting is Outcome.REJECTED
