@@ -118,7 +118,8 @@ async def test_slow_sink_does_not_slow_the_collector(simulator: Any, tmp_path: P
         server.sim.requests.clear()
         await asyncio.sleep(3)
         polls = [r for r in server.sim.requests if r.method == "GET"]
-        assert len(polls) >= 10  # 0.2 s interval: ~15 in 3 s, while the webhook crawls
+        # 0.2 s interval: ~15 polls in 3 s; a collector waiting on the sink would make ~0.
+        assert len(polls) >= 5
         assert len(received) < 6
         async with asyncio.timeout(30):
             while len(received) < 6:
