@@ -218,5 +218,30 @@ def check() -> None:
     sys.exit(0 if ok else 1)
 
 
+@cli.command()
+@click.option("--once", is_flag=True, help="Print the table once and exit.")
+@click.option(
+    "--keep",
+    type=float,
+    default=600,
+    show_default=True,
+    help="Seconds finished events stay listed.",
+)
+def tail(once: bool, keep: float) -> None:
+    """Live view of the fleet's maintenance from the Kafka topic (SEB_KAFKA_*)."""
+    settings = _settings()
+    if not settings.kafka_bootstrap_servers:
+        _config_exit(ConfigError("SEB_KAFKA_BOOTSTRAP_SERVERS", "is required for seb tail"))
+    try:
+        from bridge.tail import run_tail
+    except ImportError as exc:  # pragma: no cover - an install without the kafka extra
+        click.echo(
+            f"seb tail needs the kafka extra: pip install 'scheduled-events-bridge[kafka]' ({exc})",
+            err=True,
+        )
+        sys.exit(1)
+    sys.exit(run_tail(settings, once=once, keep=keep))
+
+
 def main() -> None:
     cli()
