@@ -47,6 +47,21 @@ async def simulator() -> AsyncIterator[Callable[..., Any]]:
         await server.stop()
 
 
+_REPORTS: list[str] = []
+
+
+def report(line: str) -> None:
+    """A chaos test's summary line, printed at the end of the run (past pytest's capture)."""
+    _REPORTS.append(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _REPORTS:
+        terminalreporter.section("chaos summaries")
+        for line in _REPORTS:
+            terminalreporter.write_line(line)
+
+
 def bridge_env(tmp_path: Path, endpoint: str, **extra: str) -> dict[str, str]:
     """A clean environment for a `seb run` subprocess: only what the test sets."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEB_")}

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import bridge_env
+from tests.conftest import bridge_env, report
 from tests.integration.test_run import Bridge
 
 pytestmark = pytest.mark.integration
@@ -71,8 +71,8 @@ async def test_random_sigkills_lose_nothing(simulator: Any, tmp_path: Path) -> N
     duplicates = sum(n - 1 for n in ids.values())
     missing = Counter(expected) - Counter(delivered)
     invented = Counter(delivered) - Counter(expected)
-    print(
-        f"\nchaos: {len(expected)} transitions produced, {len(delivered)} delivered, "
+    report(
+        f"chaos: {len(expected)} transitions produced, {len(delivered)} delivered, "
         f"{duplicates} duplicate deliveries (same id), {len(missing)} missing, "
         f"{kills} SIGKILLs"
     )

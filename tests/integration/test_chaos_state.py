@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.conftest import bridge_env, run_seb
+from tests.conftest import bridge_env, report, run_seb
 from tests.integration.test_run import Bridge
 
 pytestmark = pytest.mark.integration
@@ -77,6 +77,7 @@ async def test_disk_full_loses_nothing(simulator: Any, small_disk: Path, tmp_pat
         filler.unlink()
         server.sim.force(a, "start")
         await bridge.wait_unique(32, timeout=30)
+        bridge.summary("disk full", 32)
         kinds = [t for t, _ in bridge.unique()]
         assert kinds.count("scheduled") == 31
         assert [s for t, s in bridge.unique() if t == "started"] == [a.event_id]
@@ -125,6 +126,8 @@ async def test_slow_sink_does_not_slow_the_collector(simulator: Any, tmp_path: P
             while len(received) < 6:
                 await asyncio.sleep(0.2)
         assert received == [e["id"] for e in bridge.events()]
+        bridge.summary("slow sink (file side)", 6)
+        report(f"slow sink (webhook side): 6 produced, {len(received)} delivered, in order")
     finally:
         assert await bridge.stop() == 0
         await runner.cleanup()

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from bridge.simulator.model import Fault
-from tests.conftest import SEB, bridge_env, free_port
+from tests.conftest import SEB, bridge_env, free_port, report
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +50,15 @@ class Bridge:
 
     def transitions(self) -> list[tuple[str, str]]:
         return [(e["type"].rsplit(".", 1)[1], e.get("subject", "")) for e in self.events()]
+
+    def summary(self, name: str, produced: int) -> None:
+        """The chaos tests' one-line report: produced / delivered / duplicates / missing."""
+        ids = [e["id"] for e in self.events()]
+        delivered = len(set(ids))
+        report(
+            f"{name}: {produced} transitions produced, {delivered} delivered, "
+            f"{len(ids) - delivered} duplicate deliveries, {max(0, produced - delivered)} missing"
+        )
 
     def unique(self) -> list[tuple[str, str]]:
         """Transitions with a re-delivery of the same id (at-least-once) counted once."""
