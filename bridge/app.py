@@ -126,7 +126,7 @@ async def _maintain(outbox: Outbox, drainers: list[Drainer], metrics: Metrics) -
             for sink, count in outbox.expire(names).items():
                 metrics.outbox_expired.labels(sink).inc(count)
                 log.error(
-                    "gave up on events a sink could not take within SEB_OUTBOX_MAX_AGE",
+                    "gave up on events a sink could not take (SEB_OUTBOX_MAX_AGE / _MAX_EVENTS)",
                     extra={"sink": sink, "events": count},
                 )
             outbox.purge(names)
@@ -195,7 +195,11 @@ async def run_bridge(
             },
         )
         chosen = sinks if sinks is not None else [create_sink(n, settings) for n in settings.sinks]
-        outbox = Outbox(settings.state_dir, max_undelivered_age=settings.outbox_max_age)
+        outbox = Outbox(
+            settings.state_dir,
+            max_undelivered_age=settings.outbox_max_age,
+            max_undelivered=settings.outbox_max_events,
+        )
         outbox.open(s.name for s in chosen)
         stack.callback(outbox.close)
         outbox.purge(s.name for s in chosen)

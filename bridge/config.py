@@ -191,6 +191,7 @@ class Settings(BaseModel):
     listen: Listen = Listen("127.0.0.1", 9464)
     shutdown_timeout: float = 10.0
     outbox_max_age: float = 7 * 86400.0
+    outbox_max_events: int = Field(default=100_000, ge=1000)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
 

@@ -57,10 +57,12 @@ class Outbox:
         *,
         retention_seconds: float = 86400.0,
         max_undelivered_age: float = 7 * 86400.0,
+        max_undelivered: int = 100_000,
     ) -> None:
         self.path = state_dir / "seb.sqlite3"
         self.retention_seconds = retention_seconds
         self.max_undelivered_age = max_undelivered_age
+        self.max_undelivered = max_undelivered
         self._db: sqlite3.Connection | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -172,20 +174,31 @@ class Outbox:
         return SinkBacklog(depth, max(0.0, time.time() - oldest) if oldest else 0.0)
 
     def expire(self, sinks: Iterable[str]) -> dict[str, int]:
-        """Give up on events a sink could not take for ``max_undelivered_age``: the one bound on
-        the outbox. Returns how many each sink skipped (the caller makes that loud)."""
+        """The outbox's bounds: give up on events a sink could not take for
+        ``max_undelivered_age``, and on the oldest beyond ``max_undelivered`` waiting for one
+        sink. Returns how many each sink skipped (the caller makes that loud)."""
         cutoff = time.time() - self.max_undelivered_age
         skipped: dict[str, int] = {}
         with self._tx():
             for sink in sinks:
-                row = self.db.execute(
-                    "SELECT COUNT(*), MAX(seq) FROM events WHERE created < ? "
-                    "AND seq > (SELECT seq FROM cursors WHERE sink=?)",
-                    (cutoff, sink),
+                cursor = self.db.execute(
+                    "SELECT seq FROM cursors WHERE sink=?", (sink,)
+                ).fetchone()[0]
+                # The newest seq to skip: past the age limit, or past the count limit.
+                by_age = self.db.execute(
+                    "SELECT MAX(seq) FROM events WHERE created < ? AND seq > ?", (cutoff, cursor)
+                ).fetchone()[0]
+                by_count = self.db.execute(
+                    "SELECT seq FROM events WHERE seq > ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+                    (cursor, self.max_undelivered),
                 ).fetchone()
-                if row[0]:
-                    self.db.execute("UPDATE cursors SET seq=? WHERE sink=?", (row[1], sink))
-                    skipped[sink] = int(row[0])
+                last = max(by_age or 0, by_count[0] if by_count else 0)
+                if last > cursor:
+                    count = self.db.execute(
+                        "SELECT COUNT(*) FROM events WHERE seq > ? AND seq <= ?", (cursor, last)
+                    ).fetchone()[0]
+                    self.db.execute("UPDATE cursors SET seq=? WHERE sink=?", (last, sink))
+                    skipped[sink] = int(count)
         return skipped
 
     def purge(self, sinks: Iterable[str]) -> int:

@@ -126,3 +126,13 @@ def test_expire_gives_up_only_on_old_undelivered_events(tmp_path: Path) -> None:
     assert box.expire(["slow", "fast"]) == {"slow": 1}
     assert [p.event.id for p in box.fetch("slow")] == ["id-2", "id-3"]
     assert box.expire(["slow", "fast"]) == {}
+
+
+def test_expire_bounds_the_undelivered_count(tmp_path: Path) -> None:
+    """Beyond max_undelivered waiting for one sink, the oldest are given up, and counted."""
+    box = Outbox(tmp_path, max_undelivered=3)
+    box.open(["slow"])
+    box.commit([ce(i) for i in range(5)], None)
+    assert box.expire(["slow"]) == {"slow": 2}
+    assert [p.event.id for p in box.fetch("slow")] == ["id-2", "id-3", "id-4"]
+    assert box.expire(["slow"]) == {}
