@@ -124,8 +124,9 @@ class Collector:
         imds_now = self.client.server_time or observed
         changes = diff(self.document, document, now=imds_now, approved=self._approved(document))
         events = self.events_for(changes, observed)
-        changed = self.document is None or bool(changes)
-        if changed or document.incarnation != self.document.incarnation:  # type: ignore[union-attr]
+        previous = self.document
+        changed = previous is None or bool(changes)
+        if changed or previous is None or document.incarnation != previous.incarnation:
             self.outbox.commit(events, document)
         self.document = document
         if changed:

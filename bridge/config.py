@@ -94,8 +94,10 @@ class Listen:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-#: placeholders of SEB_MQTT_TOPIC
+#: placeholders of SEB_MQTT_TOPIC, and the default topics
 MQTT_PLACEHOLDERS = frozenset({"vm", "transition", "eventtype"})
+MQTT_DEFAULT_TOPIC = "scheduledevents/{vm}/{transition}"
+MQTT_DEFAULT_STATE_TOPIC = "scheduledevents/{vm}/state"
 
 
 def check_topic_template(
@@ -163,10 +165,10 @@ class Settings(BaseModel):
     servicebus_topic: str | None = None
 
     mqtt_url: SecretStr | None = None
-    mqtt_topic: str | None = None
+    mqtt_topic: str = MQTT_DEFAULT_TOPIC
     mqtt_version: Literal["5", "3.1.1"] = "5"
     mqtt_content_mode: Literal["binary", "structured"] = "binary"
-    mqtt_state_topic: str = "scheduledevents/{vm}/state"
+    mqtt_state_topic: str = MQTT_DEFAULT_STATE_TOPIC
     mqtt_client_id: str | None = None
     mqtt_username: str | None = None
     mqtt_password: SecretStr | None = None
@@ -291,8 +293,8 @@ class Settings(BaseModel):
 
     @field_validator("mqtt_topic")
     @classmethod
-    def _mqtt_topic(cls, value: str | None) -> str | None:
-        return None if value is None else check_topic_template(value, MQTT_PLACEHOLDERS)
+    def _mqtt_topic(cls, value: str) -> str:
+        return check_topic_template(value, MQTT_PLACEHOLDERS)
 
     @field_validator("mqtt_state_topic")
     @classmethod

@@ -73,10 +73,6 @@ class Document:
             "Events": [dict(e.raw) for e in self.events],
         }
 
-    def same_content(self, other: Document | None) -> bool:
-        """Equal events, whatever the incarnation (it resets when IMDS is re-enabled)."""
-        return other is not None and [e.raw for e in self.events] == [e.raw for e in other.events]
-
 
 def parse_not_before(value: object) -> datetime | None:
     """RFC 1123 GMT time (``Mon, 19 Sep 2016 18:29:47 GMT``); empty or unparsable → None."""

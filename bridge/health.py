@@ -35,10 +35,7 @@ class HealthServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        self.port = int(self._runner.addresses[0][1])  # the real port when 0 was asked
         return self.port
 
     async def stop(self) -> None:

@@ -104,14 +104,30 @@ class Outbox:
     def _tx(self) -> _Transaction:
         return _Transaction(self.db)
 
+    # -- small persistent values ---------------------------------------------------------------
+
+    def get_meta(self, key: str) -> bytes | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        if row is None:
+            return None
+        value = row[0]  # BLOB as written by set_meta; the schema version is an INTEGER
+        return value if isinstance(value, bytes) else str(value).encode()
+
+    def set_meta(self, key: str, value: bytes) -> None:
+        try:
+            with self._tx():
+                self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot write state database {self.path}: {exc}") from exc
+
     # -- collector side ------------------------------------------------------------------------
 
     def load_document(self) -> Document | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key='document'").fetchone()
-        if row is None:
+        stored = self.get_meta("document")
+        if stored is None:
             return None
         try:
-            return document_from_json(orjson.loads(row[0]))
+            return document_from_json(orjson.loads(stored))
         except (orjson.JSONDecodeError, BridgeError) as exc:
             raise StateError(f"{self.path}: stored document is corrupt: {exc}") from exc
 
@@ -131,7 +147,7 @@ class Outbox:
                         (event.id, event.subject.lower(), event.to_json(), now),
                     )
                     added += cur.rowcount
-                if document is not None:
+                if document is not None:  # inside the same transaction as the events
                     self.db.execute(
                         "INSERT OR REPLACE INTO meta VALUES ('document', ?)",
                         (orjson.dumps(document.to_json()),),

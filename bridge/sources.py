@@ -22,6 +22,7 @@ import orjson
 
 from bridge.approvals import Outcome
 from bridge.delivery import backoff
+from bridge.errors import StateError
 from bridge.outbox import Outbox
 
 __all__ = ["ApprovalMessage", "ApprovalSource", "FileSource", "Handler", "QueueSource", "envelope"]
@@ -99,12 +100,16 @@ class FileSource:
         self._key = f"approval_file_offset:{path}"
 
     def _offset(self) -> int:
-        row = self.outbox.db.execute("SELECT value FROM meta WHERE key=?", (self._key,)).fetchone()
-        return int(row[0]) if row else 0
+        stored = self.outbox.get_meta(self._key)
+        return int(stored) if stored else 0
 
     def _save(self, offset: int) -> None:
-        with self.outbox.db:
-            self.outbox.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (self._key, offset))
+        try:
+            self.outbox.set_meta(self._key, str(offset).encode())
+        except StateError as exc:
+            # Keep going from memory: after a restart the line is judged again, and a repeated
+            # approval POSTs nothing new (already approved / started).
+            log.error("cannot record the approval file position: %s", exc)
 
     @staticmethod
     def _decode(line: bytes) -> ApprovalMessage:

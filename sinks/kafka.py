@@ -63,7 +63,6 @@ _SECRET_WORDS = ("password", "secret", "jaas", "token", "key")
 # Errors that retrying the same record cannot fix.
 _PERMANENT = {
     KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError._MSG_TIMED_OUT_QUEUE if hasattr(KafkaError, "_MSG_TIMED_OUT_QUEUE") else -999,
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
     KafkaError.INVALID_RECORD,
 }
@@ -339,7 +338,7 @@ class KafkaApprovalSource:
     """Consumes approvals from a topic in this VM's own consumer group.
 
     Offsets are committed only after a message's outcome is final. Records keyed with another
-    VM's name are addressed to that VM and skipped (committed, counted, logged at debug);
+    VM's name are addressed to that VM and skipped (committed, logged at debug);
     records with no key are judged by every VM that reads them.
     """
 
@@ -350,7 +349,6 @@ class KafkaApprovalSource:
         self.topic = topic
         self.vm_name = vm_name
         self.group = f"seb-approvals-{vm_name}"
-        self.skipped = 0
 
     def consumer_properties(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -410,7 +408,6 @@ class KafkaApprovalSource:
                     continue
                 key = msg.key()
                 if key and not same_vm(key.decode("utf-8", "replace"), self.vm_name):
-                    self.skipped += 1
                     log.debug("approval addressed to another VM", extra={"key": key[:64]})
                     consumer.commit(message=msg, asynchronous=False)
                     continue

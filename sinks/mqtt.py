@@ -33,6 +33,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from bridge.config import MQTT_DEFAULT_STATE_TOPIC, MQTT_DEFAULT_TOPIC
 from bridge.delivery import backoff
 from bridge.errors import SinkRejected, SinkUnavailable
 from bridge.events import STRUCTURED_CONTENT_TYPE, CloudEvent, rfc3339
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from bridge.config import Settings
 
 __all__ = [
-    "DEFAULT_TOPIC",
     "MqttApprovalSource",
     "MqttConfig",
     "MqttSink",
@@ -53,7 +53,6 @@ __all__ = [
 
 log = logging.getLogger("sinks.mqtt")
 
-DEFAULT_TOPIC = "scheduledevents/{vm}/{transition}"
 SESSION_EXPIRY = 7 * 24 * 3600  # seconds the broker keeps our session (and queued QoS 1)
 _UNSAFE = re.compile(r"[+#/\x00]")
 
@@ -78,7 +77,7 @@ def render_topic(template: str, event: CloudEvent) -> str:
 @dataclass(frozen=True)
 class MqttConfig:
     url: str  # mqtt://[user:pass@]host[:port] or mqtts://…; secret
-    topic: str = DEFAULT_TOPIC
+    topic: str = MQTT_DEFAULT_TOPIC
     version: Literal["5", "3.1.1"] = "5"
     content_mode: Literal["binary", "structured"] = "binary"
     client_id: str = "seb"
@@ -88,7 +87,7 @@ class MqttConfig:
     username: str | None = None
     password: str | None = None
     ack_timeout: float = 30.0
-    state_topic: str | None = "scheduledevents/{vm}/state"  # retained; None: off
+    state_topic: str | None = MQTT_DEFAULT_STATE_TOPIC  # retained; None: off
 
     @property
     def host(self) -> str:
@@ -456,7 +455,7 @@ def _config(settings: Settings) -> MqttConfig:
     assert settings.mqtt_url is not None  # enforced by load_settings
     return MqttConfig(
         url=settings.mqtt_url.get_secret_value(),
-        topic=settings.mqtt_topic or DEFAULT_TOPIC,
+        topic=settings.mqtt_topic,
         version=settings.mqtt_version,
         content_mode=settings.mqtt_content_mode,
         client_id=settings.mqtt_client_id or f"seb-{settings.vm_name or socket.gethostname()}",

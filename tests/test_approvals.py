@@ -249,7 +249,6 @@ async def test_auto_approve_follows_the_azure_sample(world: World) -> None:
     world.approver.policy = AutoApprovePolicy.parse(
         "source=User; type=Freeze & duration>=0 & duration<9"
     )
-    from bridge.document import ImdsEvent
 
     user = world.sim.add_event({"type": "Reboot", "source": "User"})
     short = world.sim.add_event({"type": "Freeze", "duration": 5})
@@ -263,7 +262,6 @@ async def test_auto_approve_follows_the_azure_sample(world: World) -> None:
     assert long.status == "Scheduled" and reboot.status == "Scheduled"
     rules = {o["subject"]: o["data"]["policyRule"] for o in world.outcomes()}
     assert rules[user.event_id] == "source=User"
-    _ = ImdsEvent
 
 
 def test_parse_collapses_and_keeps_fields() -> None:

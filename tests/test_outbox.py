@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -112,7 +111,6 @@ def test_corrupt_database_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "seb.sqlite3").write_bytes(b"not a database" * 100)
     with pytest.raises(StateError):
         Outbox(tmp_path).open(["a"])
-    _ = sqlite3
 
 
 def test_expire_gives_up_only_on_old_undelivered_events(tmp_path: Path) -> None:

@@ -259,7 +259,6 @@ class Simulation:
         self.faults: list[Fault] = []
         self.requests: deque[RequestRecord] = deque(maxlen=10000)
         self.history: list[dict[str, Any]] = []  # (incarnation, what changed) for the control API
-        self.started_real = self.clock.now()
         self._last_action = 0.0
 
     # -- identities ----------------------------------------------------------------------------

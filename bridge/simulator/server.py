@@ -119,9 +119,7 @@ class SimulatorServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        self.port = int(self._runner.addresses[0][1])  # the real port when 0 was asked
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -100,7 +100,7 @@ async def test_slow_sink_does_not_slow_the_collector(simulator: Any, tmp_path: P
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     server = await simulator(manual_clock=True)
     env = bridge_env(
         tmp_path,

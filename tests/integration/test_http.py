@@ -48,7 +48,7 @@ async def hook() -> AsyncIterator[Hook]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     recorder.url = f"http://127.0.0.1:{port}/hook"
     yield recorder
     await runner.cleanup()
