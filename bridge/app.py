@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
-from bridge.approvals import Approver, Outcome
+from bridge.approvals import Approver, Decision, Outcome
 from bridge.collector import Collector
 from bridge.config import Settings, unknown_variables
 from bridge.delivery import Drainer
@@ -56,8 +56,8 @@ class Bridge:
         approver = self.approver
         assert approver is not None
 
-        async def handle(message: ApprovalMessage) -> Outcome:
-            return await approver.handle(
+        async def handle(message: ApprovalMessage) -> Decision:
+            return await approver.judge(
                 message.body, message.properties, channel=channel, attributes=message.attributes
             )
 

@@ -41,6 +41,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "ApprovalRequest",
     "Approver",
+    "Decision",
     "Outcome",
     "Rejection",
     "Verdict",
@@ -88,6 +89,16 @@ class ApprovalRequest:
     reason: str | None = None
     expires_at: datetime | None = None
     resources: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A message's overall outcome and the reason behind it (what a bus records when it
+    dead-letters a rejected message)."""
+
+    outcome: Outcome
+    reason: str = ""
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,6 +242,19 @@ class Approver:
         attributes: Mapping[str, str] | None = None,
     ) -> Outcome:
         """Judge one message end to end; return the outcome the source settles it with."""
+        decision = await self.judge(body, headers, channel=channel, attributes=attributes)
+        return decision.outcome
+
+    async def judge(
+        self,
+        body: bytes,
+        headers: Mapping[str, str | bytes] | None = None,
+        *,
+        channel: str,
+        attributes: Mapping[str, str] | None = None,
+    ) -> Decision:
+        """Like :meth:`handle`, with the reason (for sources that record it, as Service Bus
+        does when it dead-letters)."""
         digest = hashlib.sha256(body).hexdigest()
         request: ApprovalRequest | None = None
         try:
@@ -252,9 +276,10 @@ class Approver:
             return None
         request = ApprovalRequest((event.event_id,), "policy", approved_by="policy")
         verdicts = await self._judge(request, rule=rule.text)
-        return self._finish(
+        decision = self._finish(
             verdicts, request, channel="policy", digest=f"policy:{rule.text}", rule=rule.text
         )
+        return decision.outcome
 
     # -- checks --------------------------------------------------------------------------------
 
@@ -354,8 +379,10 @@ class Approver:
         channel: str,
         digest: str,
         rule: str | None = None,
-    ) -> Outcome:
+    ) -> Decision:
         outcome = _overall(verdicts)
+        first = next(v for v in verdicts if v.outcome is outcome)
+        decision = Decision(outcome, first.reason, first.detail)
         if outcome is Outcome.RETRY:
             if self.metrics is not None:
                 self.metrics.approvals.labels("retry").inc()
@@ -363,7 +390,7 @@ class Approver:
                 "approval deferred: IMDS unavailable",
                 extra={"channel": channel, "detail": verdicts[0].detail},
             )
-            return outcome
+            return decision
         events = [self._event(v, request, channel, digest, rule) for v in verdicts]
         try:
             self.outbox.commit(events, None)
@@ -384,7 +411,7 @@ class Approver:
                     "approved_by": request.approved_by if request else None,
                 },
             )
-        return outcome
+        return decision
 
     def _event(
         self,

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import orjson
 
-from bridge.approvals import Outcome
+from bridge.approvals import Decision, Outcome
 from bridge.delivery import backoff
 from bridge.errors import StateError
 from bridge.outbox import Outbox
@@ -37,7 +37,7 @@ class ApprovalMessage:
     attributes: Mapping[str, str] | None = None  # CloudEvents attributes of a binary-mode event
 
 
-Handler = Callable[[ApprovalMessage], Awaitable[Outcome]]
+Handler = Callable[[ApprovalMessage], Awaitable[Decision]]
 
 
 class ApprovalSource(Protocol):
@@ -48,13 +48,13 @@ class ApprovalSource(Protocol):
         ...
 
 
-async def settle(message: ApprovalMessage, handle: Handler, name: str) -> Outcome:
+async def settle(message: ApprovalMessage, handle: Handler, name: str) -> Decision:
     """Call ``handle`` until the outcome is final, pausing (capped, jittered) between retries."""
     attempt = 0
     while True:
-        outcome = await handle(message)
-        if outcome is not Outcome.RETRY:
-            return outcome
+        decision = await handle(message)
+        if decision.outcome is not Outcome.RETRY:
+            return decision
         attempt += 1
         await asyncio.sleep(backoff(attempt, cap=10.0))
         log.debug("retrying approval", extra={"source": name, "attempt": attempt})
@@ -78,9 +78,9 @@ class QueueSource:
     async def run(self, handle: Handler) -> None:
         while True:
             message, future = await self.queue.get()
-            outcome = await settle(message, handle, self.name)
+            decision = await settle(message, handle, self.name)
             if not future.done():
-                future.set_result(outcome)
+                future.set_result(decision.outcome)
 
 
 def envelope(body: bytes, properties: Mapping[str, str] | None = None) -> bytes:
