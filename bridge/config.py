@@ -163,6 +163,7 @@ class Settings(BaseModel):
     servicebus_connection_string: SecretStr | None = None
     servicebus_namespace: str | None = None
     servicebus_topic: str | None = None
+    servicebus_ordering: Literal["none", "partition", "session"] = "none"
 
     mqtt_url: SecretStr | None = None
     mqtt_topic: str = MQTT_DEFAULT_TOPIC
@@ -184,6 +185,7 @@ class Settings(BaseModel):
     approval_servicebus_queue: str | None = None
     approval_servicebus_topic: str | None = None
     approval_servicebus_subscription: str | None = None
+    approval_servicebus_sessions: bool = False
     approval_kafka_topic: str | None = None
     approval_mqtt_topic: str | None = None
     approval_file_path: Path | None = None
@@ -204,6 +206,7 @@ class Settings(BaseModel):
         "scope",
         "stdout_format",
         "kafka_content_mode",
+        "servicebus_ordering",
         "approval_source",
         "log_level",
         "log_format",
@@ -322,6 +325,43 @@ class Settings(BaseModel):
             if parts.scheme not in {"http", "https"} or not parts.hostname:
                 raise ValueError("expected an http:// or https:// URL")
         return value
+
+    @field_validator("servicebus_connection_string")
+    @classmethod
+    def _sb_connection_string(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            parts = dict(
+                part.split("=", 1) for part in value.get_secret_value().split(";") if "=" in part
+            )
+            keys = {k.strip().lower() for k in parts}
+            endpoint = next((v for k, v in parts.items() if k.strip().lower() == "endpoint"), "")
+            if not endpoint.strip().lower().startswith("sb://"):
+                raise ValueError("expected Endpoint=sb://<namespace>.servicebus.windows.net/;…")
+            if not (
+                {"sharedaccesskeyname", "sharedaccesskey"} <= keys
+                or "sharedaccesssignature" in keys
+            ):
+                raise ValueError(
+                    "expected SharedAccessKeyName and SharedAccessKey (or SharedAccessSignature)"
+                )
+        return value
+
+    @field_validator("servicebus_namespace")
+    @classmethod
+    def _sb_namespace(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host = re.sub(r"^sb://", "", value.strip(), flags=re.IGNORECASE).rstrip("/")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(:\d+)?", host) or "." not in host:
+            raise ValueError(
+                "expected the fully-qualified namespace, e.g. ns.servicebus.windows.net"
+            )
+        return host
+
+    @field_validator("approval_servicebus_subscription")
+    @classmethod
+    def _sb_subscription(cls, value: str | None) -> str | None:
+        return None if value is None else check_topic_template(value, {"vm"})
 
     @field_validator("auto_approve")
     @classmethod

@@ -61,6 +61,8 @@ def setup_logging(level: str = "info", fmt: str = "text", stream: TextIO | None 
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # azure-servicebus narrates every link state change at INFO; its warnings are what matter.
+    logging.getLogger("azure").setLevel(logging.WARNING)
 
 
 def redact_url(url: str) -> str:

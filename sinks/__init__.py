@@ -73,6 +73,7 @@ REGISTRY: dict[str, str] = {
     "kafka": "sinks.kafka:from_settings",
     "mqtt": "sinks.mqtt:from_settings",
     "http": "sinks.http:from_settings",
+    "servicebus": "sinks.servicebus:from_settings",
 }
 
 
@@ -80,12 +81,14 @@ REGISTRY: dict[str, str] = {
 APPROVAL_SOURCES: dict[str, str] = {
     "kafka": "sinks.kafka:approval_source",
     "mqtt": "sinks.mqtt:approval_source",
+    "servicebus": "sinks.servicebus:approval_source",
 }
 #: approval channel → "module:coroutine(settings, body, properties, vm) -> description"
 #: (what `seb approve` uses).
 APPROVAL_SENDERS: dict[str, str] = {
     "kafka": "sinks.kafka:send_approval",
     "mqtt": "sinks.mqtt:send_approval",
+    "servicebus": "sinks.servicebus:send_approval",
 }
 
 

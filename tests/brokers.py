@@ -222,3 +222,53 @@ def make_tls(folder: Path) -> tuple[Path, Path, Path]:
         str(ext),
     )
     return ca, cert, key
+
+
+class ServiceBusBroker:
+    """The Service Bus test double (tests/servicebus_broker.py) as a process on a free port,
+    with its entities from an emulator-format Config.json."""
+
+    def __init__(self, port: int, folder: Path, config: dict[str, object]) -> None:
+        import json
+
+        self.port = port
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.config = folder / "Config.json"
+        self.config.write_text(json.dumps(config))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"Endpoint=sb://127.0.0.1:{self.port};SharedAccessKeyName=test;"
+            "SharedAccessKey=dGVzdA==;UseDevelopmentEmulator=true"
+        )
+
+    def start(self) -> None:
+        import sys
+
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.servicebus_broker",
+                "--port",
+                str(self.port),
+                "--config",
+                str(self.config),
+            ],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=(self.folder / "broker.log").open("ab"),
+        )
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

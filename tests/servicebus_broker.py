@@ -319,10 +319,26 @@ class Broker:
         link.close()
         log.info("refused link %s: %s", link.name, description)
 
+    def _exists(self, path: str) -> bool:
+        return path.lower() in self.ns.queues or path.lower() in self.ns.topics
+
+    def _management_of(self, path: str) -> bool:
+        """True for ``<existing entity>/$management``."""
+        lower = path.lower()
+        if not lower.endswith("/$management"):
+            return False
+        name = lower[: -len("/$management")]
+        return name in self.ns.queues or name in self.ns.topics
+
     def _attach_receiver(self, link: Link) -> None:
         path = entity_path(link.remote_target.address)
-        if path == "$cbs" or path.lower().endswith("/$management"):
+        if path == "$cbs" or self._management_of(path):
             link.open()
+            return
+        if path.lower().endswith("/$management"):
+            self._refuse(
+                link, "amqp:not-found", f"The messaging entity '{path}' could not be found."
+            )
             return
         if path.lower() in self.ns.topics:
             link.open()
@@ -337,7 +353,7 @@ class Broker:
 
     def _attach_sender(self, link: Link) -> None:
         path = entity_path(link.remote_source.address)
-        if path == "$cbs" or path.lower().endswith("/$management"):
+        if path == "$cbs" or self._management_of(path):
             link.open()
             return
         entity = self.ns.queues.get(path.lower())
@@ -428,7 +444,22 @@ class Broker:
         message = Message()
         message.decode(data)
         if path == "$cbs":
-            self._reply(link, "$cbs", message, {"status-code": 200, "status-description": "OK"})
+            # Any token is good; but like Service Bus, a token for an entity that does not exist
+            # is refused with 404 (how clients learn of a missing entity).
+            props = {str(k): _copy(v) for k, v in (message.properties or {}).items()}
+            audience = entity_path(_text(props.get("name", "")))
+            known = self._exists(audience) or self._management_of(audience)
+            status = (
+                (200, "OK")
+                if known
+                else (
+                    404,
+                    f"The messaging entity '{props.get('name')}' could not be found.",
+                )
+            )
+            self._reply(
+                link, "$cbs", message, {"status-code": status[0], "status-description": status[1]}
+            )
             dlv.update(Delivery.ACCEPTED)
             dlv.settle()
             return
@@ -726,6 +757,10 @@ def _terminus_filter(terminus: Any) -> dict[Any, Any]:
         return {}
     value = _copy(data.get_object())
     return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _links(connection: Any) -> list[Link]:

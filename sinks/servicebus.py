@@ -1,0 +1,478 @@
+"""Azure Service Bus: the CloudEvents AMQP binding (sink) and the runbooks' approval listener.
+
+Sink, binary mode: every context attribute but ``datacontenttype`` is an application property
+named ``cloudEvents_<name>`` (string values, ``time`` in its canonical RFC 3339 form, which the
+binding allows), ``content_type`` is ``datacontenttype`` and the body is ``data``. ``message_id``
+is the CloudEvent id, so an entity with duplicate detection drops re-sends (the outbox re-sends
+after a crash or an unacknowledged batch); ``subject`` is the type. ``SEB_SERVICEBUS_ORDERING``
+adds the ``partitionkey`` (this VM) as partition key or as session id. Ready events go out in
+``ServiceBusMessageBatch``es; ``publish`` returns once Service Bus accepted every batch.
+
+Approvals: peek-lock from a queue (optionally session-enabled, session id = this VM, so one queue
+serves a fleet) or from a topic subscription (one per VM, filtered on the ``vm`` application
+property). Locks are renewed while a message is judged. Outcomes settle the message:
+approved / stale → complete; rejected → dead-letter with ``reason`` and ``error_description``;
+IMDS unreachable → abandon after a pause (the delivery count and the entity's MaxDeliveryCount do
+the rest). Nothing is settled before its outcome is recorded, so a crash means redelivery.
+
+Auth: a connection string (SAS), or ``SEB_SERVICEBUS_NAMESPACE`` with Azure AD through
+azure-identity (the VM's managed identity; a user-assigned one through ``AZURE_CLIENT_ID``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
+from azure.servicebus.aio import (
+    AutoLockRenewer,
+    ServiceBusClient,
+    ServiceBusReceiver,
+    ServiceBusSender,
+)
+from azure.servicebus.exceptions import (
+    MessageSizeExceededError,
+    MessagingEntityDisabledError,
+    MessagingEntityNotFoundError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+    ServiceBusError,
+    SessionCannotBeLockedError,
+)
+
+from bridge.approvals import Decision, Outcome
+from bridge.delivery import backoff
+from bridge.errors import SinkError, SinkRejected, SinkUnavailable
+from bridge.events import CloudEvent
+from bridge.lifecycle import AsyncResource
+from bridge.sources import ApprovalMessage, Handler
+
+if TYPE_CHECKING:
+    from bridge.config import Settings
+
+__all__ = [
+    "ServiceBusApprovalSource",
+    "ServiceBusConfig",
+    "ServiceBusSink",
+    "approval_source",
+    "decode_properties",
+    "encode",
+    "from_settings",
+    "send_approval",
+]
+
+log = logging.getLogger("sinks.servicebus")
+
+CE_PREFIX = "cloudEvents_"
+CE_PREFIXES = ("cloudEvents_", "cloudEvents:")
+#: The application property an approval message names its VM with (subscription filters use it).
+VM_PROPERTY = "vm"
+SEND_TIMEOUT = 30.0  # seconds one send may take before the batch counts as not delivered
+RECEIVE_WAIT = 5.0  # seconds one receive call waits for approvals
+MAX_LOCK_RENEWAL = 600.0  # judging a message never takes this long; the renewer stops there
+_PERMANENT: tuple[type[ServiceBusError], ...] = (
+    MessagingEntityNotFoundError,
+    MessagingEntityDisabledError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+)
+
+
+@dataclass(frozen=True)
+class ServiceBusConfig:
+    """How to reach the namespace; never logged whole (the connection string is a secret)."""
+
+    connection_string: str | None = None
+    namespace: str | None = None
+    retry_total: int = 2
+
+    @property
+    def where(self) -> str:
+        """The namespace host, for logs and reports."""
+        if self.namespace:
+            return self.namespace
+        for part in (self.connection_string or "").split(";"):
+            key, _, value = part.partition("=")
+            if key.strip().lower() == "endpoint":
+                return value.strip().removeprefix("sb://").rstrip("/")
+        return "?"
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[ServiceBusClient]:
+        """A client that is closed (with its credential) on exit."""
+        options: dict[str, Any] = {
+            "retry_total": self.retry_total,
+            "retry_backoff_factor": 0.5,
+            "retry_backoff_max": 10,
+            "logging_enable": False,
+        }
+        async with AsyncExitStack() as stack:
+            if self.connection_string:
+                try:
+                    client = ServiceBusClient.from_connection_string(
+                        self.connection_string, **options
+                    )
+                except ValueError as exc:  # the message may quote the string: keep it out
+                    raise SinkRejected(
+                        f"SEB_SERVICEBUS_CONNECTION_STRING is not usable ({type(exc).__name__})"
+                    ) from None
+            else:
+                from azure.identity.aio import DefaultAzureCredential
+
+                # Managed identity on the VM (AZURE_CLIENT_ID picks a user-assigned one);
+                # workload identity or the Azure CLI elsewhere.
+                credential = DefaultAzureCredential()
+                stack.push_async_callback(credential.close)
+                assert self.namespace is not None
+                client = ServiceBusClient(self.namespace, credential, **options)
+            stack.push_async_callback(client.close)
+            yield client
+
+
+def _translate(exc: ServiceBusError, what: str) -> SinkError:
+    detail = f"{what}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, ServiceBusAuthenticationError):
+        # Service Bus refuses the token (CBS put-token) both for bad credentials and for an
+        # entity that does not exist: say both.
+        detail += " (the token was refused: check the key or the identity's role, and that the "
+        detail += "entity exists)"
+    if isinstance(exc, _PERMANENT):
+        return SinkRejected(detail)
+    return SinkUnavailable(detail)
+
+
+def encode(event: CloudEvent, ordering: str = "none") -> ServiceBusMessage:
+    """One CloudEvent as a Service Bus message under the AMQP binding, binary mode."""
+    key = event.partitionkey or None
+    return ServiceBusMessage(
+        event.data_bytes(),
+        content_type=event.datacontenttype,
+        message_id=event.id,
+        subject=event.type,
+        application_properties={
+            f"{CE_PREFIX}{name}": value
+            for name, value in event.attributes().items()
+            if name != "datacontenttype"
+        },
+        session_id=key if ordering == "session" else None,
+        partition_key=key if ordering in ("partition", "session") else None,
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def decode_properties(properties: Mapping[Any, Any] | None) -> dict[str, str]:
+    """Received application properties arrive with bytes keys and values: make them text."""
+    return {_text(k): _text(v) for k, v in (properties or {}).items()}
+
+
+class ServiceBusSink(AsyncResource):
+    """Publishes CloudEvents to one topic or queue; see the module docstring for the binding."""
+
+    name = "servicebus"
+
+    def __init__(self, config: ServiceBusConfig, entity: str, ordering: str = "none") -> None:
+        self.config = config
+        self.entity = entity
+        self.ordering = ordering
+        self._stack: AsyncExitStack | None = None
+        self._client: ServiceBusClient | None = None
+        self._sender: ServiceBusSender | None = None
+        self._down = False
+
+    async def open(self) -> None:
+        stack = AsyncExitStack()
+        client = await stack.enter_async_context(self.config.client())
+        # A topic sender and a queue sender are the same AMQP link to the entity's path; it
+        # attaches on the first send (and again after a failure), so a bus that is down at
+        # start-up only delays delivery.
+        self._client, self._sender = client, client.get_topic_sender(self.entity)
+        stack.push_async_callback(self._sender.close)
+        self._stack = stack
+        log.info(
+            "servicebus sink ready",
+            extra={"namespace": self.config.where, "entity": self.entity, "order": self.ordering},
+        )
+
+    async def close(self) -> None:
+        stack, self._stack, self._sender, self._client = self._stack, None, None, None
+        if stack is not None:
+            try:
+                await stack.aclose()
+            except ServiceBusError as exc:  # closing a broken link: nothing left to lose
+                log.debug("servicebus close: %s", exc)
+
+    async def publish(self, batch: Sequence[CloudEvent]) -> None:
+        sender = self._sender
+        if sender is None:
+            raise SinkUnavailable("servicebus sink is closed")
+        messages = [encode(event, self.ordering) for event in batch]
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT * 2):
+                pending = await sender.create_message_batch()
+                for message in messages:
+                    try:
+                        pending.add_message(message)
+                    except MessageSizeExceededError:
+                        if len(pending) == 0:
+                            raise SinkRejected(
+                                f"event {message.message_id} is larger than the entity's "
+                                f"message size limit ({pending.max_size_in_bytes} bytes)"
+                            ) from None
+                        await sender.send_messages(pending, timeout=SEND_TIMEOUT)
+                        pending = await sender.create_message_batch()
+                        pending.add_message(message)
+                if len(pending):
+                    await sender.send_messages(pending, timeout=SEND_TIMEOUT)
+        except TimeoutError:
+            self._note_down()
+            raise SinkUnavailable(
+                f"servicebus {self.config.where}/{self.entity}: no answer in time"
+            ) from None
+        except ServiceBusError as exc:
+            self._note_down()
+            raise _translate(exc, f"servicebus {self.config.where}/{self.entity}") from exc
+        if self._down:
+            log.info("servicebus reachable again", extra={"entity": self.entity})
+            self._down = False
+
+    def _note_down(self) -> None:
+        if not self._down:
+            log.warning("servicebus send failed", extra={"entity": self.entity})
+        self._down = True
+
+    async def check(self) -> str:
+        client = self._client
+        if client is None:
+            raise SinkUnavailable("servicebus sink is closed")
+        try:
+            # Attaching a sender proves the namespace answers, the token is accepted and the
+            # entity exists.
+            async with asyncio.timeout(60), client.get_topic_sender(self.entity):
+                pass
+        except TimeoutError:
+            raise SinkUnavailable(f"servicebus {self.config.where}: no answer in time") from None
+        except ServiceBusError as exc:
+            raise _translate(exc, f"servicebus {self.config.where}/{self.entity}") from exc
+        return f"{self.config.where} entity {self.entity!r} (ordering={self.ordering})"
+
+
+@dataclass(frozen=True)
+class ApprovalEntity:
+    """Where this VM's approvals arrive."""
+
+    queue: str | None = None
+    topic: str | None = None
+    subscription: str | None = None
+    session: str | None = None  # session id (this VM) on a session-enabled entity
+
+    def __str__(self) -> str:
+        where = f"queue {self.queue!r}" if self.queue else f"{self.topic}/{self.subscription}"
+        return where + (f" session {self.session!r}" if self.session else "")
+
+    def receiver(
+        self, client: ServiceBusClient, renewer: AutoLockRenewer | None
+    ) -> ServiceBusReceiver:
+        options: dict[str, Any] = {
+            "session_id": self.session,
+            "auto_lock_renewer": renewer,
+            "max_wait_time": RECEIVE_WAIT,
+        }
+        if self.queue:
+            return client.get_queue_receiver(self.queue, **options)
+        assert self.topic is not None
+        assert self.subscription is not None
+        return client.get_subscription_receiver(self.topic, self.subscription, **options)
+
+
+class ServiceBusApprovalSource:
+    """Receives approvals in peek-lock mode and settles each one by its outcome."""
+
+    name = "servicebus"
+
+    def __init__(self, config: ServiceBusConfig, entity: ApprovalEntity) -> None:
+        self.config = config
+        self.entity = entity
+
+    @staticmethod
+    def decode(message: ServiceBusReceivedMessage) -> ApprovalMessage:
+        """Body bytes, the ``signature`` property, and CloudEvent attributes (binary mode)."""
+        body = b"".join(bytes(part) for part in message.body)
+        props = decode_properties(message.application_properties)
+        attributes = {
+            name[len(prefix) :]: value
+            for name, value in props.items()
+            for prefix in CE_PREFIXES
+            if name.startswith(prefix)
+        }
+        if attributes and message.content_type:
+            attributes.setdefault("datacontenttype", message.content_type)
+        properties = {"signature": props["signature"]} if "signature" in props else {}
+        return ApprovalMessage(body, properties, attributes or None)
+
+    async def run(self, handle: Handler) -> None:
+        attempt = 0
+        while True:
+            try:
+                async with (
+                    self.config.client() as client,
+                    AutoLockRenewer(max_lock_renewal_duration=MAX_LOCK_RENEWAL) as renewer,
+                    self.entity.receiver(client, renewer) as receiver,
+                ):
+                    log.info(
+                        "servicebus approvals",
+                        extra={"namespace": self.config.where, "entity": str(self.entity)},
+                    )
+                    while True:
+                        for message in await receiver.receive_messages(max_message_count=10):
+                            await self._one(receiver, message, handle)
+                        attempt = 0
+            except (ServiceBusError, SinkError) as exc:
+                attempt += 1
+                delay = backoff(attempt, cap=60.0)
+                log.warning(
+                    "servicebus approval receiver failed; reconnecting: %s",
+                    exc,
+                    extra={"attempt": attempt, "retry_in": round(delay, 2)},
+                )
+                await asyncio.sleep(delay)
+
+    async def _one(
+        self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage, handle: Handler
+    ) -> None:
+        decision = await handle(self.decode(message))
+        try:
+            await self._settle(receiver, message, decision)
+        except ServiceBusError as exc:
+            # The lock is gone (or the link): Service Bus delivers the message again, and judging
+            # it again is harmless (an approved event is then "already approved").
+            log.warning(
+                "could not settle an approval message; it will be redelivered: %s",
+                exc,
+                extra={"message_id": message.message_id, "outcome": str(decision.outcome)},
+            )
+
+    async def _settle(
+        self,
+        receiver: ServiceBusReceiver,
+        message: ServiceBusReceivedMessage,
+        decision: Decision,
+    ) -> None:
+        if decision.outcome is Outcome.REJECTED:
+            action = "dead-lettered"
+            await receiver.dead_letter_message(
+                message,
+                reason=decision.reason or "rejected",
+                error_description=(decision.detail or decision.reason)[:1024],
+            )
+        elif decision.outcome is Outcome.RETRY:
+            # IMDS is unreachable: pause (growing with the delivery count) so that a short IMDS
+            # outage does not burn through MaxDeliveryCount, then hand the message back.
+            action = "abandoned"
+            await asyncio.sleep(backoff((message.delivery_count or 0) + 1, cap=30.0))
+            await receiver.abandon_message(message)
+        else:
+            action = "completed"
+            await receiver.complete_message(message)
+        log.debug(
+            "approval message %s",
+            action,
+            extra={
+                "message_id": message.message_id,
+                "outcome": str(decision.outcome),
+                "delivery_count": message.delivery_count,
+            },
+        )
+
+    async def check(self) -> str:
+        try:
+            async with (
+                asyncio.timeout(60),
+                self.config.client() as client,
+                self.entity.receiver(client, None) as receiver,
+            ):
+                # A peek locks nothing; it needs the entity (and the session) to exist.
+                await receiver.peek_messages(1)
+        except SessionCannotBeLockedError:
+            return f"{self.config.where} {self.entity} (session held by a running bridge)"
+        except TimeoutError:
+            raise SinkUnavailable(f"servicebus {self.config.where}: no answer in time") from None
+        except ServiceBusError as exc:
+            raise _translate(exc, f"servicebus {self.config.where} {self.entity}") from exc
+        return f"{self.config.where} {self.entity}"
+
+
+def _config(settings: Settings) -> ServiceBusConfig:
+    secret = settings.servicebus_connection_string
+    return ServiceBusConfig(
+        connection_string=secret.get_secret_value() if secret else None,
+        namespace=settings.servicebus_namespace,
+    )
+
+
+def from_settings(settings: Settings) -> ServiceBusSink:
+    assert settings.servicebus_topic is not None  # enforced by load_settings
+    return ServiceBusSink(
+        _config(settings), settings.servicebus_topic, settings.servicebus_ordering
+    )
+
+
+def _approval_entity(settings: Settings, vm: str | None) -> ApprovalEntity:
+    session = vm if settings.approval_servicebus_sessions else None
+    if settings.approval_servicebus_queue:
+        return ApprovalEntity(queue=settings.approval_servicebus_queue, session=session)
+    subscription = settings.approval_servicebus_subscription
+    assert subscription is not None
+    assert settings.approval_servicebus_topic is not None
+    return ApprovalEntity(
+        topic=settings.approval_servicebus_topic,
+        subscription=subscription.format(vm=vm or ""),
+        session=session,
+    )
+
+
+def approval_source(settings: Settings, vm_name: str) -> ServiceBusApprovalSource:
+    return ServiceBusApprovalSource(_config(settings), _approval_entity(settings, vm_name))
+
+
+async def send_approval(
+    settings: Settings, body: bytes, properties: Mapping[str, str], vm: str | None
+) -> str:
+    """What `seb approve` (and a runbook) does: one message to the approval queue or topic,
+    addressed to the VM by the ``vm`` property (subscription filters) and, on a session-enabled
+    entity, by its session id."""
+    if settings.approval_servicebus_sessions and not vm:
+        raise SinkRejected("SEB_APPROVAL_SERVICEBUS_SESSIONS is on: name the VM with --vm")
+    entity = settings.approval_servicebus_queue or settings.approval_servicebus_topic
+    assert entity is not None
+    app_properties = {k: v for k, v in properties.items() if k != "message-id"}
+    if vm:
+        app_properties[VM_PROPERTY] = vm
+    message = ServiceBusMessage(
+        body,
+        content_type="application/json",
+        message_id=properties.get("message-id"),
+        subject="approve",
+        application_properties=app_properties,  # type: ignore[arg-type]
+        session_id=vm if settings.approval_servicebus_sessions else None,
+    )
+    config = _config(settings)
+    try:
+        async with (
+            asyncio.timeout(90),
+            config.client() as client,
+            client.get_topic_sender(entity) as sender,
+        ):
+            await sender.send_messages(message, timeout=SEND_TIMEOUT)
+    except TimeoutError:
+        raise SinkUnavailable(f"servicebus {config.where}: no answer in time") from None
+    except ServiceBusError as exc:
+        raise _translate(exc, f"servicebus {config.where}/{entity}") from exc
+    return f"{config.where} {entity!r}" + (f" for {vm}" if vm else "")
