@@ -147,7 +147,12 @@ def simulator(
 @click.option("--reason", default=None, help="Why (published with the outcome).")
 @click.option("--approved-by", default=None, help="Who approves (default: user@host).")
 @click.option("--expires-in", type=float, default=None, help="Seconds the approval stays valid.")
-@click.option("--vm", default=None, help="The VM it is for (Kafka key; default SEB_VM_NAME).")
+@click.option(
+    "--vm",
+    default=None,
+    help="The VM it is for (Kafka key, MQTT {vm}, Service Bus session and vm property; "
+    "default SEB_VM_NAME).",
+)
 def approve(
     event_id: str,
     reason: str | None,

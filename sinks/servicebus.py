@@ -35,6 +35,7 @@ from azure.servicebus.aio import (
     ServiceBusReceiver,
     ServiceBusSender,
 )
+from azure.servicebus.amqp import AmqpMessageBodyType
 from azure.servicebus.exceptions import (
     MessageSizeExceededError,
     MessagingEntityDisabledError,
@@ -173,6 +174,18 @@ def decode_properties(properties: Mapping[Any, Any] | None) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in (properties or {}).items()}
 
 
+def _body(message: ServiceBusReceivedMessage) -> bytes:
+    """The body bytes of a data-section message (what runbooks and the SDKs send). A value or
+    sequence body is no approval format: its bytes (or nothing) go to the approver, which rejects
+    them as malformed, so the message is dead-lettered with the reason rather than lost."""
+    if message.body_type == AmqpMessageBodyType.DATA:
+        return b"".join(bytes(part) for part in message.body)
+    value = message.body
+    if isinstance(value, str):
+        return value.encode()
+    return value if isinstance(value, bytes) else b""
+
+
 class ServiceBusSink(AsyncResource):
     """Publishes CloudEvents to one topic or queue; see the module docstring for the binding."""
 
@@ -304,7 +317,6 @@ class ServiceBusApprovalSource:
     @staticmethod
     def decode(message: ServiceBusReceivedMessage) -> ApprovalMessage:
         """Body bytes, the ``signature`` property, and CloudEvent attributes (binary mode)."""
-        body = b"".join(bytes(part) for part in message.body)
         props = decode_properties(message.application_properties)
         attributes = {
             name[len(prefix) :]: value
@@ -315,7 +327,7 @@ class ServiceBusApprovalSource:
         if attributes and message.content_type:
             attributes.setdefault("datacontenttype", message.content_type)
         properties = {"signature": props["signature"]} if "signature" in props else {}
-        return ApprovalMessage(body, properties, attributes or None)
+        return ApprovalMessage(_body(message), properties, attributes or None)
 
     async def run(self, handle: Handler) -> None:
         attempt = 0

@@ -133,6 +133,7 @@ SERVICEBUS_ENTITIES: dict[str, object] = {
                     _queue("approvals-lock", LockDuration="PT5S"),  # the minimum Azure allows
                     _queue("approvals-sessions", RequiresSession=True),
                     _queue("approvals-restart"),
+                    _queue("approvals-ce"),
                 ],
                 "Topics": [
                     {

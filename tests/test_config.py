@@ -66,9 +66,31 @@ def test_process_environment_does_not_leak_into_an_explicit_mapping(
         ),
         ({"SEB_APPROVAL_SOURCE": "kafka"}, "SEB_KAFKA_BOOTSTRAP_SERVERS", "required"),
         (
-            {"SEB_APPROVAL_SOURCE": "servicebus", "SEB_SERVICEBUS_NAMESPACE": "x"},
+            {"SEB_APPROVAL_SOURCE": "servicebus", "SEB_SERVICEBUS_NAMESPACE": "ns.servicebus.x"},
             "SEB_APPROVAL_SERVICEBUS_TOPIC",
             "required",
+        ),
+        ({"SEB_SERVICEBUS_NAMESPACE": "ns"}, "SEB_SERVICEBUS_NAMESPACE", "fully-qualified"),
+        ({"SEB_SERVICEBUS_ORDERING": "fifo"}, "SEB_SERVICEBUS_ORDERING", "'session'"),
+        (
+            {"SEB_APPROVAL_SERVICEBUS_SESSIONS": "perhaps"},
+            "SEB_APPROVAL_SERVICEBUS_SESSIONS",
+            "bool",
+        ),
+        (
+            {"SEB_APPROVAL_SERVICEBUS_SUBSCRIPTION": "{host}"},
+            "SEB_APPROVAL_SERVICEBUS_SUBSCRIPTION",
+            "{host}",
+        ),
+        (
+            {"SEB_SERVICEBUS_CONNECTION_STRING": "Endpoint=https://ns/;SharedAccessKey=s3cr3t"},
+            "SEB_SERVICEBUS_CONNECTION_STRING",
+            "Endpoint=sb://",
+        ),
+        (
+            {"SEB_SERVICEBUS_CONNECTION_STRING": "Endpoint=sb://ns/;SharedAccessKey=s3cr3t"},
+            "SEB_SERVICEBUS_CONNECTION_STRING",
+            "SharedAccessKeyName",
         ),
         (
             {"SEB_SINKS": "file", "SEB_FILE_PATH": "/nonexistent-dir/x.jsonl"},
@@ -92,6 +114,31 @@ def test_secrets_are_never_echoed() -> None:
         load_settings({"SEB_MQTT_URL": "http://user:hunter2@broker"})
     assert "hunter2" not in str(caught.value)
     assert "SEB_MQTT_URL" in str(caught.value)
+
+
+def test_servicebus_connection_string_is_never_echoed() -> None:
+    """A malformed Service Bus connection string is reported without its key."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"SEB_SERVICEBUS_CONNECTION_STRING": "Endpoint=ftp://x;SharedAccessKey=k3y"})
+    assert "k3y" not in str(caught.value)
+
+
+def test_servicebus_settings_parse() -> None:
+    """Namespace in either spelling, ordering, sessions, and a {vm} subscription template."""
+    s = load_settings(
+        {
+            "SEB_SERVICEBUS_NAMESPACE": "sb://ns.servicebus.windows.net/",
+            "SEB_SERVICEBUS_ORDERING": "Session",
+            "SEB_APPROVAL_SERVICEBUS_SESSIONS": "yes",
+            "SEB_APPROVAL_SOURCE": "servicebus",
+            "SEB_APPROVAL_SERVICEBUS_TOPIC": "approvals",
+            "SEB_APPROVAL_SERVICEBUS_SUBSCRIPTION": "{vm}",
+        }
+    )
+    assert s.servicebus_namespace == "ns.servicebus.windows.net"
+    assert s.servicebus_ordering == "session"
+    assert s.approval_servicebus_sessions is True
+    assert s.approval_servicebus_subscription == "{vm}"
 
 
 def test_secret_values_do_not_appear_in_repr() -> None:

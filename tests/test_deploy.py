@@ -42,3 +42,22 @@ def test_systemd_unit_is_hardened_and_drains() -> None:
     assert service["ProtectSystem"] == "strict" and service["NoNewPrivileges"] == "yes"
     assert int(service["TimeoutStopSec"]) > 10  # more than SEB_SHUTDOWN_TIMEOUT's default
     assert service["ExecStart"].endswith("seb run")
+
+
+def test_compose_servicebus_entities_exist_in_the_emulator_config() -> None:
+    """The entities the compose bridge names are in the emulator's Config.json (read by the test
+    broker's loader, the same format), with sessions where the bridge expects them."""
+    import json
+
+    from tests.servicebus_broker import Namespace
+
+    compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
+    env = compose["services"]["bridge"]["environment"]
+    assert {"servicebus", "mosquitto", "kafka", "sqledge"} <= set(compose["services"])
+    assert "UseDevelopmentEmulator=true" in env["SEB_SERVICEBUS_CONNECTION_STRING"]
+    ns = Namespace(json.loads((DEPLOY / "compose" / "servicebus-config.json").read_text()))
+    assert env["SEB_SERVICEBUS_TOPIC"].lower() in ns.topics
+    approvals = ns.queues[env["SEB_APPROVAL_SERVICEBUS_QUEUE"].lower()]
+    assert approvals.requires_session is (env["SEB_APPROVAL_SERVICEBUS_SESSIONS"] == "true")
+    events_topic = ns.topics[env["SEB_SERVICEBUS_TOPIC"].lower()]
+    assert events_topic.dup_detection  # re-sends after a crash are dropped

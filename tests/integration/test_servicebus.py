@@ -14,6 +14,7 @@ import orjson
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient
+from azure.servicebus.amqp import AmqpAnnotatedMessage
 from cloudevents.core.bindings.amqp import AMQPMessage, from_binary
 from cloudevents.core.formats.json import JSONFormat
 
@@ -213,7 +214,9 @@ class Recorder:
         return decision
 
 
-async def send(broker: ServiceBusBroker, entity: str, *messages: ServiceBusMessage) -> None:
+async def send(
+    broker: ServiceBusBroker, entity: str, *messages: ServiceBusMessage | AmqpAnnotatedMessage
+) -> None:
     async with client(broker) as sb, sb.get_topic_sender(entity) as sender:
         await sender.send_messages(list(messages))
 
@@ -277,6 +280,43 @@ async def test_subscription_filter_routes_by_vm_property(servicebus: ServiceBusB
         await asyncio.sleep(0.5)
     assert [m.body for m in handler.seen] == [b'{"to": "a"}']
     assert handler.seen[0].properties == {"signature": "ab"}
+
+
+async def test_binary_cloudevent_approval_keeps_its_attributes(
+    servicebus: ServiceBusBroker,
+) -> None:
+    """An approval sent as a binary-mode CloudEvent (cloudEvents_ or cloudEvents: properties)
+    reaches the approver with its attributes as text, and the signature apart."""
+    body = b'{"EventId": "00000000-0000-0000-0000-000000000001"}'
+    await send(
+        servicebus,
+        "approvals-ce",
+        ServiceBusMessage(
+            body,
+            content_type="application/json",
+            application_properties={
+                "cloudEvents_specversion": "1.0",
+                "cloudEvents_type": "com.example.approve",
+                "cloudEvents:source": "/runbooks/patch",
+                "cloudEvents_id": "r-1",
+                "signature": "00ff",
+            },
+        ),
+    )
+    handler = Recorder(Decision(Outcome.IGNORED, "gone"))
+    async with running(source_for(servicebus, queue="approvals-ce"), handler):
+        await handler.done.wait()
+    [message] = handler.seen
+    assert message.body == body
+    assert message.properties == {"signature": "00ff"}
+    assert message.attributes == {
+        "specversion": "1.0",
+        "type": "com.example.approve",
+        "source": "/runbooks/patch",
+        "id": "r-1",
+        "datacontenttype": "application/json",
+    }
+    assert await nothing_left(servicebus, "approvals-ce")
 
 
 async def test_outcomes_settle_complete_deadletter_abandon(servicebus: ServiceBusBroker) -> None:
@@ -380,19 +420,25 @@ async def test_approvals_end_to_end(
             "approvals-e2e",
             ServiceBusMessage(forged, application_properties={"signature": sign(forged, "x")}),
         )
+        # Not a data body at all (an AMQP value), and unsigned: rejected, not lost.
+        await send(
+            servicebus,
+            "approvals-e2e",
+            AmqpAnnotatedMessage(value_body={"EventId": event.event_id}),
+        )
         code, out, err = await run_seb(
             "approve", event.event_id, "--vm", "vm0", "--reason", "runbook", env=env
         )
         assert code == 0, err
         assert "servicebus" in out
-        transitions = await bridge.wait_for(4, timeout=60)
-        assert ("approval_rejected", event.event_id) in transitions
+        transitions = await bridge.wait_for(5, timeout=60)
+        assert transitions.count(("approval_rejected", event.event_id)) == 1
         assert transitions[-2:] == [("approved", event.event_id), ("started", event.event_id)]
         assert [r.vm for r in server.sim.requests if r.method == "POST"] == ["vm0"]
-        dead = await drain(servicebus, "approvals-e2e", count=1, sub_queue="deadletter")
-        assert [m.dead_letter_reason for m in dead] == ["bad_signature"]
+        dead = await drain(servicebus, "approvals-e2e", count=2, sub_queue="deadletter")
+        assert sorted(m.dead_letter_reason for m in dead) == ["bad_signature", "missing_signature"]
         assert await nothing_left(servicebus, "approvals-e2e")
-        published = await drain(servicebus, "events-e2e", count=4)
+        published = await drain(servicebus, "events-e2e", count=5)
         assert [sdk_event(m).get_type().rsplit(".", 1)[1] for m in published] == [
             t for t, _ in transitions
         ]
