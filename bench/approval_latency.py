@@ -2,7 +2,8 @@
 
 One process, real parts: the simulator over loopback HTTP, the approver with the real IMDS
 client and outbox, and each approval channel with a real broker (tansu for Kafka, a private
-Mosquitto for MQTT) or the file channel. For each channel: a fresh Freeze event, an approval
+Mosquitto for MQTT, the Service Bus test broker of tests/ through the real SDK) or the file
+channel. For each channel: a fresh Freeze event, an approval
 sent the way a runbook would, and the time until the simulator logs the StartRequests POST.
 
     python bench/approval_latency.py [--rounds 30]
@@ -31,7 +32,8 @@ from bridge.outbox import Outbox  # noqa: E402
 from bridge.simulator import SimulatorServer  # noqa: E402
 from bridge.simulator.model import Simulation, VmIdentity  # noqa: E402
 from bridge.sources import ApprovalMessage, FileSource, envelope  # noqa: E402
-from tests.brokers import Mosquitto, Tansu, free_port  # noqa: E402
+from tests.brokers import Mosquitto, ServiceBusBroker, Tansu, free_port  # noqa: E402
+from tests.conftest import SERVICEBUS_ENTITIES  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -66,13 +68,16 @@ async def main(rounds: int) -> None:
 
     from sinks.kafka import KafkaApprovalSource, KafkaConfig
     from sinks.mqtt import MqttApprovalSource, MqttConfig
+    from sinks.servicebus import ApprovalEntity, ServiceBusApprovalSource, ServiceBusConfig
 
     work = Path(tempfile.mkdtemp(prefix="seb-approval-bench-"))
     sim = Simulation([VmIdentity("vm0")])
     kafka = Tansu(free_port(), work / "tansu.log")
     broker = Mosquitto(free_port(), work / "mosq")
+    sb = ServiceBusBroker(free_port(), work / "sb", SERVICEBUS_ENTITIES)
     kafka.start()
     broker.start()
+    sb.start()
     kafka.create_topic("approvals")
     results: dict[str, list[float]] = {}
     async with SimulatorServer(sim) as server:
@@ -82,7 +87,7 @@ async def main(rounds: int) -> None:
             approver = Approver(imds, outbox, Identity("vm0"), scope="self", prefix="bench")
 
             async def handle(message: ApprovalMessage):  # type: ignore[no-untyped-def]
-                return await approver.handle(
+                return await approver.judge(
                     message.body, message.properties, channel="bench", attributes=message.attributes
                 )
 
@@ -126,9 +131,30 @@ async def main(rounds: int) -> None:
             results["MQTT 5 (Mosquitto)"] = await measure(sim, send_mqtt, rounds)
             task.cancel()
             client.loop_stop()
+
+            # Service Bus (session-enabled queue, the fleet set-up)
+            from azure.servicebus import ServiceBusMessage
+            from azure.servicebus.aio import ServiceBusClient
+
+            config = ServiceBusConfig(sb.connection_string)
+            ssource = ServiceBusApprovalSource(
+                config, ApprovalEntity(queue="approvals-sessions", session="vm0")
+            )
+            task = asyncio.create_task(ssource.run(handle))
+            async with (
+                ServiceBusClient.from_connection_string(sb.connection_string) as sbc,
+                sbc.get_queue_sender("approvals-sessions") as sender,
+            ):
+
+                async def send_sb(body: bytes) -> None:
+                    await sender.send_messages(ServiceBusMessage(body, session_id="vm0"))
+
+                results["Service Bus (test broker)"] = await measure(sim, send_sb, rounds)
+            task.cancel()
         outbox.close()
     kafka.stop()
     broker.stop()
+    sb.stop()
     print(f"approval latency, message sent → StartRequests POST at IMDS ({rounds} rounds)")
     for name, values in results.items():
         print(

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.brokers import Mosquitto, Tansu, free_port  # noqa: E402
+from tests.brokers import Mosquitto, ServiceBusBroker, Tansu, free_port  # noqa: E402
+from tests.conftest import SERVICEBUS_ENTITIES  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -54,7 +55,7 @@ def main(seconds: float) -> None:
     port = free_port()
     sim_url = f"http://127.0.0.1:{port}"
     seb = [sys.executable, "-m", "bridge"]
-    vms = "vm-sample,vm-stdout,vm-all"
+    vms = "vm-sample,vm-stdout,vm-all,vm-sb"
     scenario = work / "set.json"
     scenario.write_text(json.dumps({"vms": vms.split(","), "events": []}))
     sim = subprocess.Popen(
@@ -85,7 +86,7 @@ def main(seconds: float) -> None:
         [*seb, "run"],
         {**base, "SEB_IMDS_ENDPOINT": f"{sim_url}/vm/vm-stdout", "SEB_STATE_DIR": str(work / "s1")},
     )
-    brokers: list[Tansu | Mosquitto] = []
+    brokers: list[Tansu | Mosquitto | ServiceBusBroker] = []
     if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
         kafka = Tansu(free_port(), work / "tansu.log")
         mqtt = Mosquitto(free_port(), work / "mosq")
@@ -103,6 +104,28 @@ def main(seconds: float) -> None:
                 "SEB_SINKS": "stdout,kafka,mqtt",
                 "SEB_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap,
                 "SEB_MQTT_URL": mqtt.url,
+            },
+        )
+        sb = ServiceBusBroker(free_port(), work / "sb", SERVICEBUS_ENTITIES)
+        sb.start()
+        brokers.append(sb)
+        launch(
+            "seb run, + Service Bus sink+approvals",
+            "vm-sb",
+            [*seb, "run"],
+            {
+                **base,
+                "SEB_IMDS_ENDPOINT": f"{sim_url}/vm/vm-sb",
+                "SEB_STATE_DIR": str(work / "s3"),
+                "SEB_SINKS": "stdout,kafka,mqtt,servicebus",
+                "SEB_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap,
+                "SEB_MQTT_URL": mqtt.url,
+                "SEB_SERVICEBUS_CONNECTION_STRING": sb.connection_string,
+                "SEB_SERVICEBUS_TOPIC": "events-binding",
+                "SEB_APPROVAL_SOURCE": "servicebus",
+                "SEB_APPROVAL_SERVICEBUS_QUEUE": "approvals-sessions",
+                "SEB_APPROVAL_SERVICEBUS_SESSIONS": "true",
+                "SEB_VM_NAME": "vm-sb",
             },
         )
     time.sleep(5)  # start-up is measured separately

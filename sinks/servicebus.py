@@ -75,7 +75,9 @@ CE_PREFIXES = ("cloudEvents_", "cloudEvents:")
 VM_PROPERTY = "vm"
 SEND_TIMEOUT = 30.0  # seconds one send may take before the batch counts as not delivered
 RECEIVE_WAIT = 5.0  # seconds one receive call waits for approvals
-MAX_LOCK_RENEWAL = 600.0  # judging a message never takes this long; the renewer stops there
+# How long the renewer keeps a lock: a message is renewed only until it is settled, but a session
+# receiver's session lock is renewed for as long as it lives (a reconnect starts a new one).
+MAX_LOCK_RENEWAL = 24 * 3600.0
 _PERMANENT: tuple[type[ServiceBusError], ...] = (
     MessagingEntityNotFoundError,
     MessagingEntityDisabledError,
@@ -343,7 +345,9 @@ class ServiceBusApprovalSource:
                         extra={"namespace": self.config.where, "entity": str(self.entity)},
                     )
                     while True:
-                        for message in await receiver.receive_messages(max_message_count=10):
+                        # One at a time: a call asking for more waits ~0.2 s for the rest after
+                        # the first arrives, and approvals are few and latency-sensitive.
+                        for message in await receiver.receive_messages(max_message_count=1):
                             await self._one(receiver, message, handle)
                         attempt = 0
             except (ServiceBusError, SinkError) as exc:

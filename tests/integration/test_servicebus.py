@@ -438,6 +438,7 @@ async def test_approvals_end_to_end(
         dead = await drain(servicebus, "approvals-e2e", count=2, sub_queue="deadletter")
         assert sorted(m.dead_letter_reason for m in dead) == ["bad_signature", "missing_signature"]
         assert await nothing_left(servicebus, "approvals-e2e")
+        assert "SharedAccessKey=" not in bridge.log.read_text()  # the secret is never logged
         published = await drain(servicebus, "events-e2e", count=5)
         assert [sdk_event(m).get_type().rsplit(".", 1)[1] for m in published] == [
             t for t, _ in transitions
