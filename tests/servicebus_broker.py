@@ -137,8 +137,8 @@ class Entity:
         self.session_locks: dict[str, tuple[Link, int]] = {}
         self.next_seq = 1
 
-    def put(self, message: Message, *, count: int = 0) -> None:
-        stored = Stored(self.next_seq, message, _ms(), count)
+    def put(self, message: Message) -> None:
+        stored = Stored(self.next_seq, message, _ms())
         self.next_seq += 1
         self.ready.append(stored)
 
@@ -243,7 +243,6 @@ class Broker:
         self.consumers: dict[str, list[Link]] = {}  # entity name (lower) → sender links
         self.link_entity: dict[Link, Entity] = {}
         self.link_session: dict[Link, str | None] = {}
-        self.container: Container | None = None
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -262,13 +261,11 @@ class Broker:
         finally:
             event.container.schedule(0.2, self)
 
-    def on_connection_init(self, event: Any) -> None:
+    def on_connection_bound(self, event: Any) -> None:
+        # The SDK authenticates with SASL ANONYMOUS (then CBS); proton's acceptor sets up none.
         sasl = event.transport.sasl()
         sasl.allow_insecure_mechs = True
         sasl.allowed_mechs("ANONYMOUS")
-
-    def on_connection_bound(self, event: Any) -> None:
-        self.on_connection_init(event)
 
     def on_connection_remote_open(self, event: Any) -> None:
         conn = event.connection
@@ -633,7 +630,7 @@ class Broker:
         annotations = dict(message.annotations or {})
         annotations[symbol("x-opt-deadletter-source")] = entity.name
         message.annotations = annotations
-        entity.dlq.put(message, count=0)
+        entity.dlq.put(message)
         log.info("dead-lettered seq %d from %s: %s", stored.seq, entity.name, reason)
         self._pump(entity.dlq)
 
@@ -830,7 +827,6 @@ def serve(config: dict[str, Any], host: str, port: int) -> None:
     broker = Broker(Namespace(config))
     container = Container(broker)
     container.container_id = "seb-test-servicebus"
-    broker.container = container
     container.listen(f"{host}:{port}")
     print("ready", flush=True)
     container.run()
