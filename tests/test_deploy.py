@@ -5,6 +5,7 @@ from __future__ import annotations
 import configparser
 from pathlib import Path
 
+import pytest
 import yaml
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -61,3 +62,107 @@ def test_compose_servicebus_entities_exist_in_the_emulator_config() -> None:
     assert approvals.requires_session is (env["SEB_APPROVAL_SERVICEBUS_SESSIONS"] == "true")
     events_topic = ns.topics[env["SEB_SERVICEBUS_TOPIC"].lower()]
     assert events_topic.dup_detection  # re-sends after a crash are dropped
+
+
+# -- Kubernetes: the plain manifest and the Helm chart, rendered by Helm's own Go SDK ----------
+
+K8S_VERSION = "1.30.0"
+
+
+def _validate(doc: dict[str, object]) -> None:
+    import kubernetes_validate
+
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _daemonset_checks(ds: dict) -> dict:  # type: ignore[type-arg]
+    """What every DaemonSet of ours must say; returns the seb container."""
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert spec["terminationGracePeriodSeconds"] > 10
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    [container] = [c for c in spec["containers"] if c["name"] == "seb"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["limits"]["memory"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SEB_STATE_DIR"]["value"] == "/var/lib/seb"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/var/lib/seb" in mounts
+    return container
+
+
+def test_plain_daemonset_manifest_is_valid_kubernetes() -> None:
+    """deploy/kubernetes/daemonset.yaml validates against the Kubernetes schemas (strict)."""
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "daemonset.yaml").read_text()))
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "DaemonSet"}
+    for doc in docs:
+        _validate(doc)
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+    container = _daemonset_checks(ds)
+    assert {"configMapRef", "secretRef"} <= {k for ref in container["envFrom"] for k in ref}
+
+
+def _render(values: dict[str, object]) -> list[dict]:  # type: ignore[type-arg]
+    import helm_python as helm
+
+    with helm.Chart.load(str(DEPLOY / "helm" / "seb")) as chart:
+        chart.validate_schema(values)
+        rendered = chart.render(values, name="seb", namespace="ops")
+    return [
+        doc
+        for name, text in rendered.items()
+        if name.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def test_helm_chart_renders_valid_kubernetes_with_defaults() -> None:
+    """`helm template` with the default values: a valid DaemonSet and ServiceAccount, no Secret,
+    the VM name left to instance metadata."""
+    docs = _render({})
+    assert {d["kind"] for d in docs} == {"DaemonSet", "ServiceAccount"}
+    for doc in docs:
+        _validate(doc)
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+    container = _daemonset_checks(ds)
+    assert "SEB_VM_NAME" not in {e["name"] for e in container["env"]}
+    assert "envFrom" not in container
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["hostPath"]["path"] == "/var/lib/seb"
+
+
+def test_helm_chart_secrets_node_name_and_settings() -> None:
+    """Secrets go to a Secret read with envFrom, settings to env, and SEB_VM_NAME comes from the
+    node name only when asked; an emptyDir replaces the host path when it is unset."""
+    docs = _render(
+        {
+            "env": {"SEB_SINKS": "stdout,kafka", "SEB_KAFKA_BOOTSTRAP_SERVERS": "k:9092"},
+            "secretEnv": {"SEB_APPROVAL_HMAC_KEY": "s3cret"},
+            "vmName": {"fromNodeName": True},
+            "state": {"hostPath": ""},
+        }
+    )
+    for doc in docs:
+        _validate(doc)
+    kinds = {d["kind"]: d for d in docs}
+    assert kinds["Secret"]["stringData"] == {"SEB_APPROVAL_HMAC_KEY": "s3cret"}
+    container = _daemonset_checks(kinds["DaemonSet"])
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SEB_VM_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["SEB_SINKS"]["value"] == "stdout,kafka"
+    assert container["envFrom"] == [{"secretRef": {"name": kinds["Secret"]["metadata"]["name"]}}]
+    assert "s3cret" not in str(kinds["DaemonSet"])
+    spec = kinds["DaemonSet"]["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    assert {"name": "state", "emptyDir": {}} in spec["volumes"]
+
+
+def test_helm_values_schema_names_bad_settings() -> None:
+    """A non-SEB_ variable in env is refused by the chart's values schema."""
+    import helm_python as helm
+
+    with pytest.raises(helm.errors.HelmValuesError, match="BAD"):
+        _render({"env": {"BAD": "x"}})
