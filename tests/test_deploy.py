@@ -166,3 +166,57 @@ def test_helm_values_schema_names_bad_settings() -> None:
 
     with pytest.raises(helm.errors.HelmValuesError, match="BAD"):
         _render({"env": {"BAD": "x"}})
+
+
+# -- VMs: cloud-init custom data and the install script ----------------------------------------
+
+
+def test_cloud_init_carries_the_unit_verbatim_and_valid_settings() -> None:
+    """The custom data embeds deploy/systemd/seb.service unchanged, and its settings file is a
+    configuration the bridge accepts."""
+    from bridge.config import load_settings
+
+    text = (DEPLOY / "vm" / "cloud-init.yaml").read_text()
+    assert text.startswith("#cloud-config\n")
+    data = yaml.safe_load(text)
+    files = {f["path"]: f for f in data["write_files"]}
+    unit = files["/etc/systemd/system/seb.service"]["content"]
+    assert unit == (DEPLOY / "systemd" / "seb.service").read_text()
+    settings = files["/etc/default/seb"]
+    assert settings["permissions"] == "0600"
+    env = dict(line.split("=", 1) for line in settings["content"].splitlines() if line)
+    loaded = load_settings(env)
+    assert loaded.approval_source == "servicebus" and loaded.approval_servicebus_sessions
+    assert ["systemctl", "enable", "--now", "seb.service"] in data["runcmd"]
+
+
+@pytest.mark.integration
+def test_install_script_puts_seb_in_a_virtualenv_with_its_unit(tmp_path: Path) -> None:
+    """install.sh builds the virtualenv, writes the unit pointing into it and a private settings
+    file, and on a second run keeps the operator's edited settings."""
+    import os
+    import subprocess
+
+    root = DEPLOY.parent
+    env = {
+        **os.environ,
+        "SEB_PACKAGE": str(root),
+        "SEB_PIP_ARGS": "--no-deps",
+        "SEB_PREFIX": str(tmp_path / "opt"),
+        "SEB_UNIT_DIR": str(tmp_path / "units"),
+        "SEB_ENV_FILE": str(tmp_path / "etc" / "seb"),
+        "SEB_NO_START": "1",
+    }
+    script = str(DEPLOY / "vm" / "install.sh")
+    done = subprocess.run([script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "opt" / "bin" / "seb").exists()
+    unit = (tmp_path / "units" / "seb.service").read_text()
+    assert f"ExecStart={tmp_path}/opt/bin/seb run" in unit
+    settings = tmp_path / "etc" / "seb"
+    assert settings.stat().st_mode & 0o777 == 0o600
+    settings.write_text("SEB_SINKS=file\n")
+    again = subprocess.run([script], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert settings.read_text() == "SEB_SINKS=file\n"
+    assert "kept as it is" in again.stdout
