@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bridge.differ import diff
@@ -14,7 +18,7 @@ from sinks.kafka import KafkaConfig, KafkaSink
 from tests.brokers import Tansu
 from tests.conftest import bridge_env, run_seb
 from tests.helpers import doc, imds_event
-from tests.integration.test_kafka import topic
+from tests.integration.test_kafka import events, topic
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +94,32 @@ async def test_seb_tail_once(tansu: Tansu, tmp_path: Path, mode: str) -> None:
     assert any(
         "vm1" in line and E2 in line and "Reboot" in line and "scheduled" in line for line in lines
     )
+
+
+@pytest.mark.parametrize("mode", ["binary", "structured"])
+async def test_example_central_consumer_handles_each_event_once(
+    tansu: Tansu, mode: str, tmp_path: Path
+) -> None:
+    """deploy/ops/central_consumer.py prints each CloudEvent once although the bridge re-sent
+    some (at least once), in order, in either content mode."""
+    import subprocess
+    import sys
+
+    name = tansu.create_topic(f"ops-{uuid.uuid4().hex[:8]}")
+    sent = events("vm5", n=4)
+    async with KafkaSink(KafkaConfig(tansu.bootstrap, name, content_mode=mode)) as sink:
+        await sink.publish(sent[:3])
+        await sink.publish(sent[1:])  # two re-sends and one new event
+    script = Path(__file__).resolve().parents[2] / "deploy" / "ops" / "central_consumer.py"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(script), "--bootstrap", tansu.bootstrap, "--topic", name,
+         "--group", f"g-{mode}", "--idle-exit", "8"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(script.parents[2])},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [line["id"] for line in lines] == [e.id for e in sent]
+    assert {line["vm"] for line in lines} == {"vm5"}
+    assert "4 handled, 2 duplicates skipped" in done.stderr
