@@ -220,3 +220,25 @@ def test_install_script_puts_seb_in_a_virtualenv_with_its_unit(tmp_path: Path) -
     assert again.returncode == 0, again.stderr
     assert settings.read_text() == "SEB_SINKS=file\n"
     assert "kept as it is" in again.stdout
+
+
+def test_docs_name_only_real_variables_and_metrics() -> None:
+    """Every SEB_* variable and seb_* metric the README and the operations guide mention exists."""
+    import re
+
+    from bridge.config import Settings
+    from bridge.metrics import Metrics
+
+    known = {f"SEB_{name.upper()}" for name in Settings.model_fields}
+    families = {m.name for m in Metrics().registry.collect()}
+    suffixes = ("", "_total", "_bucket", "_count", "_sum", "_created")
+    metrics = {f + suffix for f in families for suffix in suffixes}
+    root = DEPLOY.parent
+    for doc in (root / "README.md", root / "docs" / "operations.md"):
+        text = doc.read_text()
+        for variable in set(re.findall(r"\bSEB_[A-Z0-9_]*[A-Z0-9]\b", text)):
+            if variable.startswith("SEB_KAFKA_PROP_") or variable in {"SEB_"}:
+                continue
+            assert variable in known, f"{doc.name}: {variable}"
+        for metric in set(re.findall(r"\bseb_[a-z_]+[a-z]\b", text)):
+            assert metric in metrics, f"{doc.name}: {metric}"
