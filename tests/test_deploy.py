@@ -33,6 +33,32 @@ def test_compose_wires_the_bridge_to_kafka_and_the_simulator() -> None:
     assert "kafka" in compose["services"]
 
 
+@pytest.mark.skipif(
+    not __import__("shutil").which("systemd-analyze"), reason="systemd-analyze not installed"
+)
+def test_systemd_unit_verifies_and_is_well_sandboxed(tmp_path: Path) -> None:
+    """systemd itself accepts every line of the unit (no warnings) and rates its exposure low."""
+    import re
+    import subprocess
+
+    unit = tmp_path / "seb.service"
+    text = (DEPLOY / "systemd" / "seb.service").read_text()
+    unit.write_text(text.replace("/opt/seb/bin/seb run", "/bin/true"))
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert verify.returncode == 0 and verify.stderr.strip() == "", verify.stderr
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    found = re.search(r"Overall exposure level for seb.service: ([0-9.]+)", security.stdout)
+    assert found, security.stdout + security.stderr
+    assert float(found.group(1)) <= 2.0  # 0 is a fully sandboxed unit, 10 an unprotected one
+
+
 def test_systemd_unit_is_hardened_and_drains() -> None:
     """The unit runs as a dynamic user with a state directory and time to drain on stop."""
     unit = configparser.ConfigParser(strict=False, interpolation=None)
