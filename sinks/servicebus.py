@@ -75,6 +75,10 @@ CE_PREFIXES = ("cloudEvents_", "cloudEvents:")
 VM_PROPERTY = "vm"
 SEND_TIMEOUT = 30.0  # seconds one send may take before the batch counts as not delivered
 RECEIVE_WAIT = 5.0  # seconds one receive call waits for approvals
+# How long the SDK's I/O loop blocks on the socket before it looks around while a receive call
+# waits. A frame ends the wait at once (no latency), so a longer block only saves wake-ups: the
+# SDK's 0.2 s costs the idle listener ~2.8 ms of CPU per second, 2 s about a tenth of that.
+RECEIVE_SOCKET_TIMEOUT = 2.0
 # How long the renewer keeps a lock: a message is renewed only until it is settled, but a session
 # receiver's session lock is renewed for as long as it lives (a reconnect starts a new one).
 MAX_LOCK_RENEWAL = 24 * 3600.0
@@ -299,6 +303,7 @@ class ApprovalEntity:
             "session_id": self.session,
             "auto_lock_renewer": renewer,
             "max_wait_time": RECEIVE_WAIT,
+            "socket_timeout": RECEIVE_SOCKET_TIMEOUT,
         }
         if self.queue:
             return client.get_queue_receiver(self.queue, **options)
