@@ -25,6 +25,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import record  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from bridge.approvals import Approver  # noqa: E402
 from bridge.events import Identity  # noqa: E402
 from bridge.imds import ImdsClient  # noqa: E402
@@ -156,6 +158,13 @@ async def main(rounds: int) -> None:
     broker.stop()
     sb.stop()
     print(f"approval latency, message sent → StartRequests POST at IMDS ({rounds} rounds)")
+    record(
+        "approval",
+        [
+            {"channel": name, "median_ms": statistics.median(v), "p99_ms": pct(v, 0.99)}
+            for name, v in results.items()
+        ],
+    )
     for name, values in results.items():
         print(
             f"  {name:28} median {statistics.median(values):7.1f} ms   "

@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import record  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from tests.brokers import Mosquitto, ServiceBusBroker, Tansu, free_port  # noqa: E402
 from tests.conftest import SERVICEBUS_ENTITIES  # noqa: E402
 
@@ -149,6 +151,13 @@ def main(seconds: float) -> None:
         shown = f"{first:.2f}" if first is not None else "-"
         print(f"{name:34} {cpu:11.1f} {rss:13.1f} {shown:>13}")
     shutil.rmtree(work, ignore_errors=True)
+    record(
+        "steady",
+        [
+            {"contender": name, "cpu_s_per_h": cpu, "rss_mib": rss, "first_poll_s": first}
+            for name, cpu, rss, first in rows
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import record  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from bridge.differ import diff  # noqa: E402
 from bridge.document import document_from_json  # noqa: E402
 from bridge.events import Identity, from_change  # noqa: E402
@@ -100,6 +102,15 @@ async def main(count: int) -> None:
             deliver_wall, deliver_cpu = time.perf_counter() - wall, cpu() - t
     finally:
         broker.stop()
+    record(
+        "throughput",
+        [
+            {"stage": "differ + CloudEvent mapping", "per_cpu_s": count / build},
+            {"stage": "Kafka binary encoding, seb", "per_cpu_s": count / ours_s},
+            {"stage": "Kafka binary encoding, CloudEvents SDK", "per_cpu_s": count / sdk_s},
+            {"stage": "delivered to Kafka (acks=all)", "per_cpu_s": count / deliver_cpu},
+        ],
+    )
     print(f"{count} events from one document (SEB_SCOPE=all)")
     print(f"  differ + CloudEvent mapping        {count / build:10.0f} events/CPU-s")
     print(f"  Kafka binary encoding, seb         {count / ours_s:10.0f} events/CPU-s")
