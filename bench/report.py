@@ -4,7 +4,7 @@
                            [--svg bench/results.svg]
 
 The README section between ``<!-- bench:results:start -->`` and ``<!-- bench:results:end -->``
-is replaced; the plot is a dependency-free SVG (three panels of horizontal bars, log scale where
+is replaced; the plot is a dependency-free SVG (four panels of horizontal bars, log scale where
 the values span orders of magnitude).
 """
 
@@ -95,6 +95,12 @@ def plot(results: dict[str, list[dict[str, Any]]]) -> str:
             "Steady state at 1 poll/s: CPU seconds per hour",
             [(r["contender"], r["cpu_s_per_h"]) for r in results.get("steady", [])],
             "s/h",
+            False,
+        ),
+        (
+            "Steady state: peak RSS",
+            [(r["contender"], r["rss_mib"]) for r in results.get("steady", [])],
+            "MiB",
             False,
         ),
         (

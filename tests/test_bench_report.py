@@ -39,7 +39,7 @@ def test_plot_is_well_formed_svg_with_a_bar_per_figure() -> None:
     svg = report().plot(RESULTS)
     root = ET.fromstring(svg)
     bars = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.get("fill") != "white"]
-    assert len(bars) == 2 + 2 + 2
+    assert len(bars) == 2 + 2 + 2 + 2
     assert "seb &lt;run&gt;" in svg and "(log scale)" in svg
 
 
