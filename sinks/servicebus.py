@@ -37,6 +37,7 @@ from azure.servicebus.aio import (
 )
 from azure.servicebus.amqp import AmqpMessageBodyType
 from azure.servicebus.exceptions import (
+    MessageAlreadySettled,
     MessageSizeExceededError,
     MessagingEntityDisabledError,
     MessagingEntityNotFoundError,
@@ -355,13 +356,18 @@ class ServiceBusApprovalSource:
                         for message in await receiver.receive_messages(max_message_count=1):
                             await self._one(receiver, message, handle)
                         attempt = 0
-            except (ServiceBusError, SinkError) as exc:
+            except Exception as exc:  # the listener must outlive any one failure
                 attempt += 1
                 delay = backoff(attempt, cap=60.0)
-                log.warning(
-                    "servicebus approval receiver failed; reconnecting: %s",
+                log.log(
+                    logging.WARNING
+                    if isinstance(exc, ServiceBusError | SinkError | OSError)
+                    else logging.ERROR,
+                    "servicebus approval receiver failed; reconnecting: %s: %s",
+                    type(exc).__name__,
                     exc,
                     extra={"attempt": attempt, "retry_in": round(delay, 2)},
+                    exc_info=not isinstance(exc, ServiceBusError | SinkError | OSError),
                 )
                 await asyncio.sleep(delay)
 
@@ -371,7 +377,8 @@ class ServiceBusApprovalSource:
         decision = await handle(self.decode(message))
         try:
             await self._settle(receiver, message, decision)
-        except ServiceBusError as exc:
+        except (ServiceBusError, MessageAlreadySettled, RuntimeError) as exc:
+            # (The SDK raises RuntimeError when the connection drops during a settlement.)
             # The lock is gone (or the link): Service Bus delivers the message again, and judging
             # it again is harmless (an approved event is then "already approved").
             log.warning(
