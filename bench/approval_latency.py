@@ -34,8 +34,13 @@ from bridge.outbox import Outbox  # noqa: E402
 from bridge.simulator import SimulatorServer  # noqa: E402
 from bridge.simulator.model import Simulation, VmIdentity  # noqa: E402
 from bridge.sources import ApprovalMessage, FileSource, envelope  # noqa: E402
-from tests.brokers import Mosquitto, ServiceBusBroker, Tansu, free_port  # noqa: E402
-from tests.conftest import SERVICEBUS_ENTITIES  # noqa: E402
+from tests.brokers import (  # noqa: E402
+    SERVICEBUS_ENTITIES,
+    Mosquitto,
+    ServiceBusBroker,
+    Tansu,
+    free_port,
+)
 
 
 def pct(values: list[float], q: float) -> float:

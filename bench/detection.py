@@ -60,11 +60,10 @@ def make_sink(name: str, state_dir: Path, brokers: list[Any]) -> Any:
     if name == "file":
         return FileSink(FileConfig(state_dir / "events.jsonl"))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.brokers import Mosquitto, ServiceBusBroker, Tansu, free_port
+    from tests.brokers import SERVICEBUS_ENTITIES, Mosquitto, ServiceBusBroker, Tansu, free_port
 
     if name == "servicebus":
         from sinks.servicebus import ServiceBusConfig, ServiceBusSink
-        from tests.conftest import SERVICEBUS_ENTITIES
 
         sb = ServiceBusBroker(free_port(), state_dir / "sb", SERVICEBUS_ENTITIES)
         sb.start()

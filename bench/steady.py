@@ -27,8 +27,13 @@ sys.path.insert(0, str(ROOT))
 
 from _results import record  # noqa: E402  (bench/ is on sys.path when run as a script)
 
-from tests.brokers import Mosquitto, ServiceBusBroker, Tansu, free_port  # noqa: E402
-from tests.conftest import SERVICEBUS_ENTITIES  # noqa: E402
+from tests.brokers import (  # noqa: E402
+    SERVICEBUS_ENTITIES,
+    Mosquitto,
+    ServiceBusBroker,
+    Tansu,
+    free_port,
+)
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -28,6 +28,7 @@ __all__ = [
     "SINK_NAMES",
     "Listen",
     "Settings",
+    "connection_string_parts",
     "load_settings",
     "parse_duration",
     "unknown_variables",
@@ -115,6 +116,12 @@ def check_topic_template(
     if not wildcards and ("+" in template or "#" in template):
         raise ValueError("a topic to publish to cannot contain the wildcards + or #")
     return template
+
+
+def connection_string_parts(value: str) -> dict[str, str]:
+    """``Key=value;…`` (a Service Bus / Event Hubs connection string) with lower-cased keys."""
+    parts = (part.partition("=") for part in value.split(";") if "=" in part)
+    return {key.strip().lower(): val.strip() for key, _, val in parts}
 
 
 def default_state_dir() -> Path:
@@ -330,17 +337,11 @@ class Settings(BaseModel):
     @classmethod
     def _sb_connection_string(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
-            parts = dict(
-                part.split("=", 1) for part in value.get_secret_value().split(";") if "=" in part
-            )
-            keys = {k.strip().lower() for k in parts}
-            endpoint = next((v for k, v in parts.items() if k.strip().lower() == "endpoint"), "")
-            if not endpoint.strip().lower().startswith("sb://"):
+            parts = connection_string_parts(value.get_secret_value())
+            if not parts.get("endpoint", "").lower().startswith("sb://"):
                 raise ValueError("expected Endpoint=sb://<namespace>.servicebus.windows.net/;…")
-            if not (
-                {"sharedaccesskeyname", "sharedaccesskey"} <= keys
-                or "sharedaccesssignature" in keys
-            ):
+            sas = {"sharedaccesskeyname", "sharedaccesskey"} <= parts.keys()
+            if not (sas or "sharedaccesssignature" in parts):
                 raise ValueError(
                     "expected SharedAccessKeyName and SharedAccessKey (or SharedAccessSignature)"
                 )

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ from azure.servicebus.exceptions import (
 )
 
 from bridge.approvals import Decision, Outcome
+from bridge.config import connection_string_parts
 from bridge.delivery import backoff
 from bridge.errors import SinkError, SinkRejected, SinkUnavailable
 from bridge.events import CloudEvent
@@ -70,8 +71,8 @@ __all__ = [
 
 log = logging.getLogger("sinks.servicebus")
 
-CE_PREFIX = "cloudEvents_"
-CE_PREFIXES = ("cloudEvents_", "cloudEvents:")
+CE_PREFIXES = ("cloudEvents_", "cloudEvents:")  # readers accept both; we write the first
+CE_PREFIX = CE_PREFIXES[0]
 #: The application property an approval message names its VM with (subscription filters use it).
 VM_PROPERTY = "vm"
 SEND_TIMEOUT = 30.0  # seconds one send may take before the batch counts as not delivered
@@ -104,11 +105,8 @@ class ServiceBusConfig:
         """The namespace host, for logs and reports."""
         if self.namespace:
             return self.namespace
-        for part in (self.connection_string or "").split(";"):
-            key, _, value = part.partition("=")
-            if key.strip().lower() == "endpoint":
-                return value.strip().removeprefix("sb://").rstrip("/")
-        return "?"
+        endpoint = connection_string_parts(self.connection_string or "").get("endpoint", "?")
+        return endpoint.removeprefix("sb://").rstrip("/")
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[ServiceBusClient]:
@@ -142,16 +140,22 @@ class ServiceBusConfig:
             yield client
 
 
-def _translate(exc: ServiceBusError, what: str) -> SinkError:
-    detail = f"{what}: {type(exc).__name__}: {exc}"
-    if isinstance(exc, ServiceBusAuthenticationError):
-        # Service Bus refuses the token (CBS put-token) both for bad credentials and for an
-        # entity that does not exist: say both.
-        detail += " (the token was refused: check the key or the identity's role, and that the "
-        detail += "entity exists)"
-    if isinstance(exc, _PERMANENT):
-        return SinkRejected(detail)
-    return SinkUnavailable(detail)
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """The SDK's errors and time-outs as the bridge's SinkErrors (retried by the outbox)."""
+    try:
+        yield
+    except TimeoutError:
+        raise SinkUnavailable(f"{what}: no answer in time") from None
+    except ServiceBusError as exc:
+        detail = f"{what}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, ServiceBusAuthenticationError):
+            # Service Bus refuses the token (CBS put-token) both for bad credentials and for an
+            # entity that does not exist: say both.
+            detail += " (the token was refused: check the key or the identity's role, and that "
+            detail += "the entity exists)"
+        error = SinkRejected if isinstance(exc, _PERMANENT) else SinkUnavailable
+        raise error(detail) from exc
 
 
 def encode(event: CloudEvent, ordering: str = "none") -> ServiceBusMessage:
@@ -205,7 +209,6 @@ class ServiceBusSink(AsyncResource):
         self._stack: AsyncExitStack | None = None
         self._client: ServiceBusClient | None = None
         self._sender: ServiceBusSender | None = None
-        self._down = False
 
     async def open(self) -> None:
         stack = AsyncExitStack()
@@ -234,7 +237,7 @@ class ServiceBusSink(AsyncResource):
         if sender is None:
             raise SinkUnavailable("servicebus sink is closed")
         messages = [encode(event, self.ordering) for event in batch]
-        try:
+        with _translated(f"servicebus {self.config.where}/{self.entity}"):
             async with asyncio.timeout(SEND_TIMEOUT * 2):
                 pending = await sender.create_message_batch()
                 for message in messages:
@@ -251,36 +254,16 @@ class ServiceBusSink(AsyncResource):
                         pending.add_message(message)
                 if len(pending):
                     await sender.send_messages(pending, timeout=SEND_TIMEOUT)
-        except TimeoutError:
-            self._note_down()
-            raise SinkUnavailable(
-                f"servicebus {self.config.where}/{self.entity}: no answer in time"
-            ) from None
-        except ServiceBusError as exc:
-            self._note_down()
-            raise _translate(exc, f"servicebus {self.config.where}/{self.entity}") from exc
-        if self._down:
-            log.info("servicebus reachable again", extra={"entity": self.entity})
-            self._down = False
-
-    def _note_down(self) -> None:
-        if not self._down:
-            log.warning("servicebus send failed", extra={"entity": self.entity})
-        self._down = True
 
     async def check(self) -> str:
         client = self._client
         if client is None:
             raise SinkUnavailable("servicebus sink is closed")
-        try:
-            # Attaching a sender proves the namespace answers, the token is accepted and the
-            # entity exists.
+        # Attaching a sender proves the namespace answers, the token is accepted and the entity
+        # exists.
+        with _translated(f"servicebus {self.config.where}/{self.entity}"):
             async with asyncio.timeout(60), client.get_topic_sender(self.entity):
                 pass
-        except TimeoutError:
-            raise SinkUnavailable(f"servicebus {self.config.where}: no answer in time") from None
-        except ServiceBusError as exc:
-            raise _translate(exc, f"servicebus {self.config.where}/{self.entity}") from exc
         return f"{self.config.where} entity {self.entity!r} (ordering={self.ordering})"
 
 
@@ -420,20 +403,17 @@ class ServiceBusApprovalSource:
         )
 
     async def check(self) -> str:
-        try:
-            async with (
-                asyncio.timeout(60),
-                self.config.client() as client,
-                self.entity.receiver(client, None) as receiver,
-            ):
-                # A peek locks nothing; it needs the entity (and the session) to exist.
-                await receiver.peek_messages(1)
-        except SessionCannotBeLockedError:
-            return f"{self.config.where} {self.entity} (session held by a running bridge)"
-        except TimeoutError:
-            raise SinkUnavailable(f"servicebus {self.config.where}: no answer in time") from None
-        except ServiceBusError as exc:
-            raise _translate(exc, f"servicebus {self.config.where} {self.entity}") from exc
+        with _translated(f"servicebus {self.config.where} {self.entity}"):
+            try:
+                async with (
+                    asyncio.timeout(60),
+                    self.config.client() as client,
+                    self.entity.receiver(client, None) as receiver,
+                ):
+                    # A peek locks nothing; it needs the entity (and the session) to exist.
+                    await receiver.peek_messages(1)
+            except SessionCannotBeLockedError:
+                return f"{self.config.where} {self.entity} (session held by a running bridge)"
         return f"{self.config.where} {self.entity}"
 
 
@@ -480,7 +460,9 @@ async def send_approval(
         raise SinkRejected("SEB_APPROVAL_SERVICEBUS_SESSIONS is on: name the VM with --vm")
     entity = settings.approval_servicebus_queue or settings.approval_servicebus_topic
     assert entity is not None
-    app_properties = {k: v for k, v in properties.items() if k != "message-id"}
+    app_properties: dict[str | bytes, Any] = {
+        k: v for k, v in properties.items() if k != "message-id"
+    }
     if vm:
         app_properties[VM_PROPERTY] = vm
     message = ServiceBusMessage(
@@ -488,19 +470,15 @@ async def send_approval(
         content_type="application/json",
         message_id=properties.get("message-id"),
         subject="approve",
-        application_properties=app_properties,  # type: ignore[arg-type]
+        application_properties=app_properties,
         session_id=vm if settings.approval_servicebus_sessions else None,
     )
     config = _config(settings)
-    try:
+    with _translated(f"servicebus {config.where}/{entity}"):
         async with (
             asyncio.timeout(90),
             config.client() as client,
             client.get_topic_sender(entity) as sender,
         ):
             await sender.send_messages(message, timeout=SEND_TIMEOUT)
-    except TimeoutError:
-        raise SinkUnavailable(f"servicebus {config.where}: no answer in time") from None
-    except ServiceBusError as exc:
-        raise _translate(exc, f"servicebus {config.where}/{entity}") from exc
     return f"{config.where} {entity!r}" + (f" for {vm}" if vm else "")

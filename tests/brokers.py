@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -234,8 +236,6 @@ class ServiceBusBroker:
     with its entities from an emulator-format Config.json."""
 
     def __init__(self, port: int, folder: Path, config: dict[str, object]) -> None:
-        import json
-
         self.port = port
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
@@ -251,8 +251,6 @@ class ServiceBusBroker:
         )
 
     def start(self) -> None:
-        import sys
-
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -271,3 +269,55 @@ class ServiceBusBroker:
 
     def stop(self) -> None:
         stop(self.proc)
+
+
+def _queue(name: str, **props: object) -> dict[str, object]:
+    return {"Name": name, "Properties": props}
+
+
+#: The entities the Service Bus tests use, each test its own (emulator Config.json format).
+SERVICEBUS_ENTITIES: dict[str, object] = {
+    "UserConfig": {
+        "Namespaces": [
+            {
+                "Name": "sbemulatorns",
+                "Queues": [
+                    _queue("events-binding", RequiresDuplicateDetection=True),
+                    _queue("events-dup", RequiresDuplicateDetection=True),
+                    _queue("events-session", RequiresSession=True),
+                    _queue("events-restart", RequiresDuplicateDetection=True),
+                    _queue("events-e2e", RequiresDuplicateDetection=True),
+                    _queue("approvals-e2e", MaxDeliveryCount=5),
+                    _queue("approvals-retry", MaxDeliveryCount=5),
+                    _queue("approvals-exhaust", MaxDeliveryCount=2),
+                    _queue("approvals-lock", LockDuration="PT5S"),  # the minimum Azure allows
+                    _queue("approvals-sessions", RequiresSession=True),
+                    _queue("approvals-restart"),
+                    _queue("approvals-ce"),
+                ],
+                "Topics": [
+                    {
+                        "Name": "approvals-fleet",
+                        "Properties": {},
+                        "Subscriptions": [
+                            {
+                                "Name": vm,
+                                "Properties": {"MaxDeliveryCount": 5},
+                                "Rules": [
+                                    {
+                                        "Name": "this-vm",
+                                        "Properties": {
+                                            "FilterType": "Correlation",
+                                            "CorrelationFilter": {"Properties": {"vm": vm}},
+                                        },
+                                    }
+                                ],
+                            }
+                            for vm in ("vm-a", "vm-b")
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+}

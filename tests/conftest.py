@@ -111,62 +111,10 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     broker.stop()
 
 
-def _queue(name: str, **props: object) -> dict[str, object]:
-    return {"Name": name, "Properties": props}
-
-
-#: The entities the Service Bus tests use, each test its own (emulator Config.json format).
-SERVICEBUS_ENTITIES: dict[str, object] = {
-    "UserConfig": {
-        "Namespaces": [
-            {
-                "Name": "sbemulatorns",
-                "Queues": [
-                    _queue("events-binding", RequiresDuplicateDetection=True),
-                    _queue("events-dup", RequiresDuplicateDetection=True),
-                    _queue("events-session", RequiresSession=True),
-                    _queue("events-restart", RequiresDuplicateDetection=True),
-                    _queue("events-e2e", RequiresDuplicateDetection=True),
-                    _queue("approvals-e2e", MaxDeliveryCount=5),
-                    _queue("approvals-retry", MaxDeliveryCount=5),
-                    _queue("approvals-exhaust", MaxDeliveryCount=2),
-                    _queue("approvals-lock", LockDuration="PT5S"),  # the minimum Azure allows
-                    _queue("approvals-sessions", RequiresSession=True),
-                    _queue("approvals-restart"),
-                    _queue("approvals-ce"),
-                ],
-                "Topics": [
-                    {
-                        "Name": "approvals-fleet",
-                        "Properties": {},
-                        "Subscriptions": [
-                            {
-                                "Name": vm,
-                                "Properties": {"MaxDeliveryCount": 5},
-                                "Rules": [
-                                    {
-                                        "Name": "this-vm",
-                                        "Properties": {
-                                            "FilterType": "Correlation",
-                                            "CorrelationFilter": {"Properties": {"vm": vm}},
-                                        },
-                                    }
-                                ],
-                            }
-                            for vm in ("vm-a", "vm-b")
-                        ],
-                    }
-                ],
-            }
-        ]
-    }
-}
-
-
 @pytest.fixture(scope="session")
 def servicebus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Service Bus test broker for the session (tests use their own entities)."""
-    from tests.brokers import ServiceBusBroker
+    from tests.brokers import SERVICEBUS_ENTITIES, ServiceBusBroker
 
     broker = ServiceBusBroker(
         free_port(), tmp_path_factory.mktemp("servicebus"), SERVICEBUS_ENTITIES

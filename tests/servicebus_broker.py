@@ -39,7 +39,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,26 @@ class Lock:
     until_ms: int
 
 
+class Dedup:
+    """Duplicate detection of a queue or topic: message-ids seen within the window."""
+
+    def __init__(self, props: dict[str, Any]) -> None:
+        self.enabled = bool(props.get("RequiresDuplicateDetection", False))
+        self.window = _duration(props.get("DuplicateDetectionHistoryTimeWindow"), 600.0)
+        self.seen: dict[str, float] = {}  # message-id → when
+
+    def first_time(self, message_id: object) -> bool:
+        if not self.enabled or message_id is None:
+            return True
+        now = time.monotonic()
+        self.seen = {k: t for k, t in self.seen.items() if now - t <= self.window}
+        key = str(message_id)
+        if key in self.seen:
+            return False
+        self.seen[key] = now
+        return True
+
+
 class Entity:
     """A queue, a topic subscription, or a dead-letter queue: something to receive from."""
 
@@ -129,11 +149,9 @@ class Entity:
         self.lock = _duration(props.get("LockDuration"), 60.0)
         self.max_delivery = int(props.get("MaxDeliveryCount", 10))
         self.requires_session = bool(props.get("RequiresSession", False))
-        self.dup_window = _duration(props.get("DuplicateDetectionHistoryTimeWindow"), 600.0)
-        self.dup_detection = bool(props.get("RequiresDuplicateDetection", False))
+        self.dedup = Dedup(props)
         self.dlq = dlq
         self.ready: list[Stored] = []  # by sequence number
-        self.seen: dict[str, float] = {}  # message-id → when (duplicate detection)
         self.session_locks: dict[str, tuple[Link, int]] = {}
         self.next_seq = 1
 
@@ -146,20 +164,17 @@ class Entity:
         bisect.insort(self.ready, stored, key=lambda s: s.seq)
 
 
-@dataclass
 class Topic:
-    name: str
-    props: dict[str, Any]
-    subscriptions: list[tuple[Entity, list[dict[str, Any]]]] = field(default_factory=list)
-    seen: dict[str, float] = field(default_factory=dict)
+    """Fans messages out to the subscriptions whose rules match."""
+
+    def __init__(self, name: str, props: dict[str, Any]) -> None:
+        self.name = name
+        self.dedup = Dedup(props)
+        self.subscriptions: list[tuple[Entity, list[dict[str, Any]]]] = []
 
     @property
-    def dup_detection(self) -> bool:
-        return bool(self.props.get("RequiresDuplicateDetection", False))
-
-    @property
-    def dup_window(self) -> float:
-        return _duration(self.props.get("DuplicateDetectionHistoryTimeWindow"), 600.0)
+    def requires_session(self) -> bool:
+        return any(entity.requires_session for entity, _ in self.subscriptions)
 
 
 _SYSTEM_FILTERS = {
@@ -477,45 +492,30 @@ class Broker:
         dlv.settle()
 
     def _enqueue(self, path: str, messages: list[Message]) -> None:
-        now = time.monotonic()
-        topic = self.ns.topics.get(path.lower())
-        target = self.ns.queues.get(path.lower())
-        owner: Topic | Entity | None = topic or target
+        owner: Topic | Entity | None = self.ns.topics.get(path.lower()) or self.ns.queues.get(
+            path.lower()
+        )
         if owner is None:
             raise _Refused("amqp:not-found", f"no entity {path!r}")
-        for message in messages:
-            requires_session = (
-                target.requires_session
-                if target is not None
-                else any(e.requires_session for e, _ in owner.subscriptions)  # type: ignore[union-attr]
+        if owner.requires_session and not all(m.group_id for m in messages):
+            raise _Refused(
+                "amqp:invalid-field",
+                "The SessionId was not set on a message, and it cannot be sent to the entity. "
+                "Entities that have session support enabled can only receive messages that "
+                "have the SessionId set to a valid value.",
             )
-            if requires_session and not message.group_id:
-                raise _Refused(
-                    "amqp:invalid-field",
-                    "The SessionId was not set on a message, and it cannot be sent to the entity. "
-                    "Entities that have session support enabled can only receive messages that "
-                    "have the SessionId set to a valid value.",
-                )
         for message in messages:
-            if owner.dup_detection and message.id is not None:
-                seen = owner.seen
-                for key, when in list(seen.items()):
-                    if now - when > owner.dup_window:
-                        del seen[key]
-                key = str(message.id)
-                if key in seen:
-                    log.info("duplicate message-id %s on %s dropped", key, path)
-                    continue
-                seen[key] = now
-            if topic is not None:
-                for entity, rules in topic.subscriptions:
+            if not owner.dedup.first_time(message.id):
+                log.info("duplicate message-id %s on %s dropped", message.id, path)
+                continue
+            if isinstance(owner, Topic):
+                for entity, rules in owner.subscriptions:
                     if _matches(message, rules):
                         entity.put(_clone(message))
                         self._pump(entity)
             else:
-                assert target is not None
-                target.put(message)
-                self._pump(target)
+                owner.put(message)
+                self._pump(owner)
 
     # -- outgoing transfers ---------------------------------------------------------------------
 

@@ -87,7 +87,7 @@ def test_compose_servicebus_entities_exist_in_the_emulator_config() -> None:
     approvals = ns.queues[env["SEB_APPROVAL_SERVICEBUS_QUEUE"].lower()]
     assert approvals.requires_session is (env["SEB_APPROVAL_SERVICEBUS_SESSIONS"] == "true")
     events_topic = ns.topics[env["SEB_SERVICEBUS_TOPIC"].lower()]
-    assert events_topic.dup_detection  # re-sends after a crash are dropped
+    assert events_topic.dedup.enabled  # re-sends after a crash are dropped
 
 
 # -- Kubernetes: the plain manifest and the Helm chart, rendered by Helm's own Go SDK ----------

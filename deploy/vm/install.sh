@@ -19,7 +19,7 @@ package=${SEB_PACKAGE:-scheduled-events-bridge[all]}
 prefix=${SEB_PREFIX:-/opt/seb}
 env_file=${SEB_ENV_FILE:-/etc/default/seb}
 unit_dir=${SEB_UNIT_DIR:-/etc/systemd/system}
-unit_src=${SEB_UNIT_SRC:-$here/../systemd/seb.service}
+unit_src=$here/../systemd/seb.service
 env_src=$here/../systemd/seb.env.example
 
 python=$(command -v python3 || true)

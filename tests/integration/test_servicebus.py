@@ -4,6 +4,7 @@ test broker (tests/servicebus_broker.py); events read back with the official Clo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +20,8 @@ from cloudevents.core.bindings.amqp import AMQPMessage, from_binary
 from cloudevents.core.formats.json import JSONFormat
 
 from bridge.approvals import Decision, Outcome, sign
-from bridge.errors import SinkUnavailable
+from bridge.errors import SinkRejected, SinkUnavailable
+from bridge.events import CloudEvent
 from bridge.sources import ApprovalMessage
 from sinks.servicebus import (
     ApprovalEntity,
@@ -28,8 +30,8 @@ from sinks.servicebus import (
     ServiceBusSink,
     decode_properties,
 )
-from tests.brokers import ServiceBusBroker
-from tests.conftest import SERVICEBUS_ENTITIES, bridge_env, free_port, report, run_seb
+from tests.brokers import SERVICEBUS_ENTITIES, ServiceBusBroker
+from tests.conftest import bridge_env, free_port, report, run_seb
 from tests.integration.test_kafka import events
 from tests.integration.test_run import Bridge
 
@@ -140,13 +142,35 @@ async def test_session_ordering_keeps_one_vm_in_one_session(servicebus: ServiceB
     assert [m.message_id for m in got_b] == [e.id for e in b]
 
 
+def padded(event: CloudEvent, size: int) -> CloudEvent:
+    return dataclasses.replace(event, data={**event.data, "Description": "x" * size})
+
+
 async def test_many_events_go_out_in_batches(servicebus: ServiceBusBroker) -> None:
-    """A large backlog is sent as several batches, none lost, order kept."""
-    sent = events("vm2", n=60)
+    """A backlog larger than one batch (1 MiB on the link) is sent as several batches, none
+    lost, order kept."""
+    sent = [padded(e, 100_000) for e in events("vm2", n=15)]
     async with sink(servicebus, "events-binding") as out:
+        assert out._sender is not None
+        real_send, sends = out._sender.send_messages, []
+
+        async def counted(batch: Any, **kwargs: Any) -> None:
+            sends.append(len(batch))
+            await real_send(batch, **kwargs)
+
+        out._sender.send_messages = counted  # type: ignore[method-assign]
         await out.publish(sent)
+    assert len(sends) > 1 and sum(sends) == len(sent)
     got = await drain(servicebus, "events-binding", count=len(sent))
     assert [m.message_id for m in got] == [e.id for e in sent]
+
+
+async def test_an_event_larger_than_the_limit_is_rejected(servicebus: ServiceBusBroker) -> None:
+    """An event no batch can hold is SinkRejected, naming the event and the limit."""
+    [huge] = [padded(e, 2 * 1024 * 1024) for e in events("vm2", n=1)]
+    async with sink(servicebus, "events-binding") as out:
+        with pytest.raises(SinkRejected, match=f"{huge.id} is larger than"):
+            await out.publish([huge])
 
 
 async def test_broker_restart_mid_stream(tmp_path: Path) -> None:
