@@ -30,14 +30,17 @@ def tables(results: dict[str, list[dict[str, Any]]], when: str) -> str:
         out += [f"| {r['sink']} | {r['median_ms']:.2f} ms | {r['p99_ms']:.2f} ms |" for r in rows]
         out.append("")
     if rows := results.get("steady"):
+        sample = next((r for r in rows if r["contender"].startswith("Azure sample")), None)
         out += [
-            "| steady state at 1 Hz | CPU s/hour | peak RSS | first poll |",
-            "|---|---|---|---|",
+            "| steady state at 1 Hz | CPU s/hour | CPU vs sample | peak RSS | first poll |",
+            "|---|---|---|---|---|",
         ]
         for r in rows:
             first = "-" if r["first_poll_s"] is None else f"{r['first_poll_s']:.2f} s"
+            ratio = f"{r['cpu_s_per_h'] / sample['cpu_s_per_h']:.2f} x" if sample else "-"
             out.append(
-                f"| {r['contender']} | {r['cpu_s_per_h']:.1f} | {r['rss_mib']:.1f} MiB | {first} |"
+                f"| {r['contender']} | {r['cpu_s_per_h']:.1f} | {ratio} "
+                f"| {r['rss_mib']:.1f} MiB | {first} |"
             )
         out.append("")
     if rows := results.get("approval"):

@@ -2,7 +2,9 @@
 
 Starts one IMDS simulator and, polling it at the same time (so machine noise hits all alike):
 the Azure documentation's Python sample loop; ``seb run`` with stdout only; and, when the brokers
-are available, ``seb run`` with Kafka (tansu) and MQTT (a private Mosquitto) configured. After
+are available, ``seb run`` with Kafka (tansu) and MQTT (a private Mosquitto), then also Service Bus
+(the test broker), configured. Beside each seb row runs its floor: bench/minimal_poller.py holding
+the same clients connected and idle (what the libraries cost before seb does anything). After
 ``--seconds`` it reads each process's CPU time and peak RSS from /proc, and reports CPU-seconds
 per hour and the start-up time to the first poll (from the simulator's request log).
 
@@ -62,7 +64,7 @@ def main(seconds: float) -> None:
     port = free_port()
     sim_url = f"http://127.0.0.1:{port}"
     seb = [sys.executable, "-m", "bridge"]
-    vms = "vm-sample,vm-stdout,vm-all,vm-sb"
+    vms = "vm-sample,vm-minimal,vm-stdout,vm-min-km,vm-all,vm-min-kms,vm-sb"
     scenario = work / "set.json"
     scenario.write_text(json.dumps({"vms": vms.split(","), "events": []}))
     sim = subprocess.Popen(
@@ -87,6 +89,10 @@ def main(seconds: float) -> None:
         [sys.executable, str(ROOT / "bench" / "azure_sample.py"), f"{sim_url}/vm/vm-sample"],
         base,
     )
+    minimal = [sys.executable, str(ROOT / "bench" / "minimal_poller.py")]
+    launch(
+        "floor: minimal aiohttp poller", "vm-minimal", [*minimal, f"{sim_url}/vm/vm-minimal"], base
+    )
     launch(
         "seb run, stdout only",
         "vm-stdout",
@@ -97,9 +103,23 @@ def main(seconds: float) -> None:
     if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists():
         kafka = Tansu(free_port(), work / "tansu.log")
         mqtt = Mosquitto(free_port(), work / "mosq")
+        mqtt_hostport = mqtt.url.split("://", 1)[1]
         kafka.start()
         mqtt.start()
         brokers += [kafka, mqtt]
+        launch(
+            "floor: + Kafka + MQTT clients idle",
+            "vm-min-km",
+            [
+                *minimal,
+                f"{sim_url}/vm/vm-min-km",
+                "--kafka",
+                kafka.bootstrap,
+                "--mqtt",
+                mqtt_hostport,
+            ],
+            base,
+        )
         launch(
             "seb run, stdout + Kafka + MQTT",
             "vm-all",
@@ -116,6 +136,23 @@ def main(seconds: float) -> None:
         sb = ServiceBusBroker(free_port(), work / "sb", SERVICEBUS_ENTITIES)
         sb.start()
         brokers.append(sb)
+        launch(
+            "floor: + Service Bus receiver idle",
+            "vm-min-kms",
+            [
+                *minimal,
+                f"{sim_url}/vm/vm-min-kms",
+                "--kafka",
+                kafka.bootstrap,
+                "--mqtt",
+                mqtt_hostport,
+                "--servicebus",
+                sb.connection_string,
+                "--queue",
+                "approvals-ce",
+            ],
+            base,
+        )
         launch(
             "seb run, + Service Bus sink+approvals",
             "vm-sb",
@@ -151,10 +188,10 @@ def main(seconds: float) -> None:
     for broker in brokers:
         broker.stop()
     print(f"steady state over {seconds:g} s at 1 poll/s (same simulator, same time)")
-    print(f"{'':34} {'CPU s/hour':>11} {'peak RSS MiB':>13} {'first poll s':>13}")
+    print(f"{'':38} {'CPU s/hour':>11} {'peak RSS MiB':>13} {'first poll s':>13}")
     for name, cpu, rss, first in rows:
         shown = f"{first:.2f}" if first is not None else "-"
-        print(f"{name:34} {cpu:11.1f} {rss:13.1f} {shown:>13}")
+        print(f"{name:38} {cpu:11.1f} {rss:13.1f} {shown:>13}")
     shutil.rmtree(work, ignore_errors=True)
     record(
         "steady",

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -54,6 +54,7 @@ __all__ = [
 log = logging.getLogger("sinks.mqtt")
 
 SESSION_EXPIRY = 7 * 24 * 3600  # seconds the broker keeps our session (and queued QoS 1)
+KEEPALIVE = 30  # seconds; the broker drops us after 1.5 times this without a packet
 _UNSAFE = re.compile(r"[+#/\x00]")
 
 
@@ -113,13 +114,31 @@ class MqttConfig:
         return user, password
 
 
+class _Client(mqtt.Client):
+    """paho's client whose network thread sleeps up to ``KEEPALIVE / 3`` between packets.
+
+    paho's default select() timeout of 1 s wakes the thread every second with nothing to do.
+    Nothing waits on that timeout: ``publish`` wakes the thread at once through paho's socket
+    pair, incoming packets wake it through the socket, ``disconnect`` ends the loop at once, and
+    keepalive pings, sent when the loop next looks at the clock, are at most 10 s late, well
+    inside the broker's 45 s.
+    """
+
+    def loop_forever(
+        self, timeout: float = 1.0, retry_first_connection: bool = False
+    ) -> MQTTErrorCode:
+        return super().loop_forever(
+            timeout=max(timeout, KEEPALIVE / 3), retry_first_connection=retry_first_connection
+        )
+
+
 class _Connection:
     """One paho client with its network thread, connect state and PUBACK futures."""
 
     def __init__(self, config: MqttConfig, client_id: str, *, manual_ack: bool = False) -> None:
         self.config = config
         self.v5 = config.version == "5"
-        self.client = mqtt.Client(
+        self.client = _Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=client_id,
             protocol=mqtt.MQTTv5 if self.v5 else mqtt.MQTTv311,
@@ -162,7 +181,7 @@ class _Connection:
         self.client.connect_async(
             self.config.host,
             self.config.port,
-            keepalive=30,
+            keepalive=KEEPALIVE,
             clean_start=False if self.v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
             properties=properties,
         )

@@ -26,6 +26,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
@@ -76,14 +77,19 @@ CE_PREFIX = CE_PREFIXES[0]
 #: The application property an approval message names its VM with (subscription filters use it).
 VM_PROPERTY = "vm"
 SEND_TIMEOUT = 30.0  # seconds one send may take before the batch counts as not delivered
-RECEIVE_WAIT = 5.0  # seconds one receive call waits for approvals
+# Seconds one receive call waits for approvals. A message ends the wait at once; the length sets
+# how often an idle listener starts a new call, and bounds how long a stop can take when the SDK
+# swallows the cancellation (see ServiceBusApprovalSource.run).
+RECEIVE_WAIT = 5.0
 # How long the SDK's I/O loop blocks on the socket before it looks around while a receive call
 # waits. A frame ends the wait at once (no latency), so a longer block only saves wake-ups: the
-# SDK's 0.2 s costs the idle listener ~2.8 ms of CPU per second, 2 s about a tenth of that.
+# SDK's 0.2 s costs the idle listener ~2.8 ms of CPU per second, 2 s about a tenth of that. But a
+# management call (renewing the session lock) made while a receive call waits may queue behind
+# one such block, which bounds it (see hold_session_lock).
 RECEIVE_SOCKET_TIMEOUT = 2.0
-# How long the renewer keeps a lock: a message is renewed only until it is settled, but a session
-# receiver's session lock is renewed for as long as it lives (a reconnect starts a new one).
+# How long the renewer keeps a message's lock (it stops anyway once the message is settled).
 MAX_LOCK_RENEWAL = 24 * 3600.0
+SESSION_RENEW_MIN = 1.0  # seconds
 _PERMANENT: tuple[type[ServiceBusError], ...] = (
     MessagingEntityNotFoundError,
     MessagingEntityDisabledError,
@@ -285,7 +291,9 @@ class ApprovalEntity:
     ) -> ServiceBusReceiver:
         options: dict[str, Any] = {
             "session_id": self.session,
-            "auto_lock_renewer": renewer,
+            # A session receiver's messages are locked by the session lock, which
+            # hold_session_lock renews (the SDK's renewer would look at it every second).
+            "auto_lock_renewer": None if self.session else renewer,
             "max_wait_time": RECEIVE_WAIT,
             "socket_timeout": RECEIVE_SOCKET_TIMEOUT,
         }
@@ -294,6 +302,21 @@ class ApprovalEntity:
         assert self.topic is not None
         assert self.subscription is not None
         return client.get_subscription_receiver(self.topic, self.subscription, **options)
+
+
+async def hold_session_lock(receiver: ServiceBusReceiver) -> None:
+    """Renew the receiver's session lock when a third of what is left of it has passed, forever.
+
+    A third: the renewal may wait up to RECEIVE_SOCKET_TIMEOUT for the connection, and the
+    shortest lock Service Bus allows is 5 s. Raises what renewing raised (the lock is lost: the
+    receiver must be opened again).
+    """
+    session = receiver.session
+    while True:
+        until = session.locked_until_utc
+        left = (until - datetime.now(UTC)).total_seconds() if until else 0.0
+        await asyncio.sleep(max(left / 3, SESSION_RENEW_MIN))
+        await session.renew_lock()
 
 
 class ServiceBusApprovalSource:
@@ -321,6 +344,8 @@ class ServiceBusApprovalSource:
         return ApprovalMessage(_body(message), properties, attributes or None)
 
     async def run(self, handle: Handler) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         attempt = 0
         while True:
             try:
@@ -333,12 +358,30 @@ class ServiceBusApprovalSource:
                         "servicebus approvals",
                         extra={"namespace": self.config.where, "entity": str(self.entity)},
                     )
-                    while True:
-                        # One at a time: a call asking for more waits ~0.2 s for the rest after
-                        # the first arrives, and approvals are few and latency-sensitive.
-                        for message in await receiver.receive_messages(max_message_count=1):
-                            await self._one(receiver, message, handle)
-                        attempt = 0
+                    keeper = (
+                        asyncio.create_task(hold_session_lock(receiver), name="session-lock")
+                        if self.entity.session
+                        else None
+                    )
+                    try:
+                        while True:
+                            if keeper is not None and keeper.done():
+                                keeper.result()  # raises why the session lock was lost
+                            # One at a time: a call asking for more waits ~0.2 s for the rest
+                            # after the first arrives; approvals are few and latency-sensitive.
+                            received = await receiver.receive_messages(max_message_count=1)
+                            if task.cancelling():
+                                # The SDK's receive swallowed our cancellation (asyncio.wait_for
+                                # in Python 3.11 can lose one that arrives as a frame does): stop
+                                # now. A message received meanwhile is not settled; its lock
+                                # lapses and Service Bus delivers it again.
+                                raise asyncio.CancelledError
+                            for message in received:
+                                await self._one(receiver, message, handle)
+                            attempt = 0
+                    finally:
+                        if keeper is not None:
+                            keeper.cancel()
             except Exception as exc:  # the listener must outlive any one failure
                 attempt += 1
                 delay = backoff(attempt, cap=60.0)

@@ -292,6 +292,7 @@ SERVICEBUS_ENTITIES: dict[str, object] = {
                     _queue("approvals-exhaust", MaxDeliveryCount=2),
                     _queue("approvals-lock", LockDuration="PT5S"),  # the minimum Azure allows
                     _queue("approvals-sessions", RequiresSession=True),
+                    _queue("approvals-session-lock", RequiresSession=True, LockDuration="PT5S"),
                     _queue("approvals-restart"),
                     _queue("approvals-ce"),
                 ],

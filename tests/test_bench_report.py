@@ -52,6 +52,7 @@ def test_tables_replace_only_the_marked_section(tmp_path: Path) -> None:
     text = readme.read_text()
     assert text.startswith("before\n") and text.endswith("\nafter\n") and "old" not in text
     assert "| servicebus | 3.30 ms | 4.90 ms |" in text
-    assert "| seb <run> | 4.2 | 51.7 MiB | - |" in text
+    assert "| seb <run> | 4.2 | 0.50 x | 51.7 MiB | - |" in text
+    assert "| Azure sample | 8.4 | 1.00 x | 27.3 MiB | 1.20 s |" in text
     assert "| mapping | 110,700 |" in text
     assert "![benchmark plot](bench/results.svg)" in text
