@@ -43,6 +43,19 @@ def tables(results: dict[str, list[dict[str, Any]]], when: str) -> str:
                 f"| {r['rss_mib']:.1f} MiB | {first} |"
             )
         out.append("")
+    if rows := results.get("wakeups"):
+        columns = sorted({r["threads"] for r in rows})
+        out += [
+            "| idle wake-ups per second | " + " | ".join(columns) + " | total | CPU s/hour |",
+            "|---" * (len(columns) + 3) + "|",
+        ]
+        for config in dict.fromkeys(r["config"] for r in rows):
+            mine = {r["threads"]: r for r in rows if r["config"] == config}
+            cells = [f"{mine[c]['wakeups_per_s']:.2f}" if c in mine else "-" for c in columns]
+            total = sum(r["wakeups_per_s"] for r in mine.values())
+            cpu = sum(r["cpu_s_per_h"] for r in mine.values())
+            out.append(f"| {config} | " + " | ".join(cells) + f" | {total:.2f} | {cpu:.1f} |")
+        out.append("")
     if rows := results.get("approval"):
         out += ["| approval latency, channel | median | p99 |", "|---|---|---|"]
         out += [

@@ -23,6 +23,11 @@ RESULTS = {
         {"channel": "file", "median_ms": 503.8, "p99_ms": 505.8},
     ],
     "throughput": [{"stage": "mapping", "per_cpu_s": 110700.0}],
+    "wakeups": [
+        {"config": "stdout", "threads": "event loop", "wakeups_per_s": 2.02, "cpu_s_per_h": 4.2},
+        {"config": "kafka", "threads": "event loop", "wakeups_per_s": 2.0, "cpu_s_per_h": 4.0},
+        {"config": "kafka", "threads": "rdk", "wakeups_per_s": 3.8, "cpu_s_per_h": 0.3},
+    ],
 }
 
 
@@ -55,4 +60,7 @@ def test_tables_replace_only_the_marked_section(tmp_path: Path) -> None:
     assert "| seb <run> | 4.2 | 0.50 x | 51.7 MiB | - |" in text
     assert "| Azure sample | 8.4 | 1.00 x | 27.3 MiB | 1.20 s |" in text
     assert "| mapping | 110,700 |" in text
+    assert "| idle wake-ups per second | event loop | rdk | total | CPU s/hour |" in text
+    assert "| stdout | 2.02 | - | 2.02 | 4.2 |" in text
+    assert "| kafka | 2.00 | 3.80 | 5.80 | 4.3 |" in text
     assert "![benchmark plot](bench/results.svg)" in text
