@@ -10,10 +10,12 @@ adds the ``partitionkey`` (this VM) as partition key or as session id. Ready eve
 
 Approvals: peek-lock from a queue (optionally session-enabled, session id = this VM, so one queue
 serves a fleet) or from a topic subscription (one per VM, filtered on the ``vm`` application
-property). Locks are renewed while a message is judged. Outcomes settle the message:
-approved / stale → complete; rejected → dead-letter with ``reason`` and ``error_description``;
-IMDS unreachable → abandon after a pause (the delivery count and the entity's MaxDeliveryCount do
-the rest). Nothing is settled before its outcome is recorded, so a crash means redelivery.
+property). Locks are renewed while a message is judged (on a session queue the session lock,
+which covers its messages, is renewed for as long as the listener holds the session). Outcomes
+settle the message: approved / stale → complete; rejected → dead-letter with ``reason`` and
+``error_description``; IMDS unreachable → abandon after a pause (the delivery count and the
+entity's MaxDeliveryCount do the rest). Nothing is settled before its outcome is recorded, so a
+crash means redelivery.
 
 Auth: a connection string (SAS), or ``SEB_SERVICEBUS_NAMESPACE`` with Azure AD through
 azure-identity (the VM's managed identity; a user-assigned one through ``AZURE_CLIENT_ID``).
