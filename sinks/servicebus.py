@@ -91,7 +91,7 @@ RECEIVE_WAIT = 5.0
 RECEIVE_SOCKET_TIMEOUT = 2.0
 # How long the renewer keeps a message's lock (it stops anyway once the message is settled).
 MAX_LOCK_RENEWAL = 24 * 3600.0
-SESSION_RENEW_MIN = 1.0  # seconds
+SESSION_RENEW_MIN = 1.0  # seconds: the least time between two session-lock renewals
 _PERMANENT: tuple[type[ServiceBusError], ...] = (
     MessagingEntityNotFoundError,
     MessagingEntityDisabledError,
