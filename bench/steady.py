@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _results import record  # noqa: E402  (bench/ is on sys.path when run as a script)
+from _proc import cpu_seconds, peak_rss_mib  # noqa: E402  (bench/ is on sys.path as a script)
+from _results import record  # noqa: E402
 
 from tests.brokers import (  # noqa: E402
     SERVICEBUS_ENTITIES,
@@ -36,20 +37,6 @@ from tests.brokers import (  # noqa: E402
     Tansu,
     free_port,
 )
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def first_poll(sim: str, vm: str, started: float) -> float | None:
@@ -173,11 +160,11 @@ def main(seconds: float) -> None:
             },
         )
     time.sleep(5)  # start-up is measured separately
-    begin = {n: cpu_seconds(p.pid) for n, (p, _, _) in procs.items()}
+    begin = {n: cpu_seconds(Path(f"/proc/{p.pid}/stat")) for n, (p, _, _) in procs.items()}
     time.sleep(seconds)
     rows = []
     for name, (proc, vm, started) in procs.items():
-        used = cpu_seconds(proc.pid) - begin[name]
+        used = cpu_seconds(Path(f"/proc/{proc.pid}/stat")) - begin[name]
         rows.append(
             (name, used / seconds * 3600, peak_rss_mib(proc.pid), first_poll(sim_url, vm, started))
         )

@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _results import record  # noqa: E402  (bench/ is on sys.path when run as a script)
+from _proc import cpu_seconds  # noqa: E402  (bench/ is on sys.path as a script)
+from _results import record  # noqa: E402
 
 from tests.brokers import (  # noqa: E402
     SERVICEBUS_ENTITIES,
@@ -34,26 +35,23 @@ from tests.brokers import (  # noqa: E402
     wait_port,
 )
 
-TICK = os.sysconf("SC_CLK_TCK")
 
-
-def threads(pid: int) -> dict[str, tuple[str, int, int]]:
-    """tid → (name, CPU ticks, context switches) of every thread of ``pid``."""
+def threads(pid: int) -> dict[str, tuple[str, float, int]]:
+    """tid → (name, CPU seconds, context switches) of every thread of ``pid``."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            stat = (task / "stat").read_text()
+            name = (task / "comm").read_text().strip()
+            cpu = cpu_seconds(task / "stat")
             status = (task / "status").read_text()
         except OSError:  # the thread ended
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
         switches = sum(
             int(line.split()[1])
             for line in status.splitlines()
             if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))
         )
-        out[task.name] = (name, int(fields[11]) + int(fields[12]), switches)
+        out[task.name] = (name, cpu, switches)
     return out
 
 
@@ -123,11 +121,11 @@ def main(seconds: float) -> None:
     rows = []
     for name, proc in procs.items():
         groups: dict[str, list[float]] = {}
-        for tid, (thread, ticks, switches) in after[name].items():
-            _, ticks0, switches0 = before[name].get(tid, (thread, 0, 0))
+        for tid, (thread, cpu, switches) in after[name].items():
+            _, cpu0, switches0 = before[name].get(tid, (thread, 0.0, 0))
             group = groups.setdefault(role(thread, tid, proc.pid), [0.0, 0.0])
             group[0] += (switches - switches0) / seconds
-            group[1] += (ticks - ticks0) / TICK / seconds * 3600
+            group[1] += (cpu - cpu0) / seconds * 3600
         for group_name, (per_s, cpu) in sorted(groups.items()):
             rows.append(
                 {"config": name, "threads": group_name, "wakeups_per_s": per_s, "cpu_s_per_h": cpu}

@@ -1,7 +1,9 @@
 """The file sink: one structured CloudEvent JSON per line, appended and fsynced; safe to tail.
 
-Each batch is written with a single ``write`` on an ``O_APPEND`` descriptor, so a reader never
-sees half a line from us, and ``fsync`` runs before ``publish`` returns.
+Each batch is written with a single ``write`` on an ``O_APPEND`` descriptor, so lines from
+concurrent writers never interleave, and ``fsync`` runs before ``publish`` returns. A reader that
+races a write can still see the end of the file mid-line (Linux does not make buffered reads
+atomic with writes): a tailer parses only newline-terminated lines.
 """
 
 from __future__ import annotations

@@ -346,8 +346,6 @@ class ServiceBusApprovalSource:
         return ApprovalMessage(_body(message), properties, attributes or None)
 
     async def run(self, handle: Handler) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         attempt = 0
         while True:
             try:
@@ -360,30 +358,8 @@ class ServiceBusApprovalSource:
                         "servicebus approvals",
                         extra={"namespace": self.config.where, "entity": str(self.entity)},
                     )
-                    keeper = (
-                        asyncio.create_task(hold_session_lock(receiver), name="session-lock")
-                        if self.entity.session
-                        else None
-                    )
-                    try:
-                        while True:
-                            if keeper is not None and keeper.done():
-                                keeper.result()  # raises why the session lock was lost
-                            # One at a time: a call asking for more waits ~0.2 s for the rest
-                            # after the first arrives; approvals are few and latency-sensitive.
-                            received = await receiver.receive_messages(max_message_count=1)
-                            if task.cancelling():
-                                # The SDK's receive swallowed our cancellation (asyncio.wait_for
-                                # in Python 3.11 can lose one that arrives as a frame does): stop
-                                # now. A message received meanwhile is not settled; its lock
-                                # lapses and Service Bus delivers it again.
-                                raise asyncio.CancelledError
-                            for message in received:
-                                await self._one(receiver, message, handle)
-                            attempt = 0
-                    finally:
-                        if keeper is not None:
-                            keeper.cancel()
+                    async for _ in self._serve(receiver, handle):
+                        attempt = 0  # a receive call went through: the connection is good
             except Exception as exc:  # the listener must outlive any one failure
                 attempt += 1
                 delay = backoff(attempt, cap=60.0)
@@ -398,6 +374,37 @@ class ServiceBusApprovalSource:
                     exc_info=not isinstance(exc, ServiceBusError | SinkError | OSError),
                 )
                 await asyncio.sleep(delay)
+
+    async def _serve(self, receiver: ServiceBusReceiver, handle: Handler) -> AsyncIterator[None]:
+        """Receive and judge approvals one at a time, forever; yields after each receive call.
+
+        One at a time: a call asking for more waits ~0.2 s for the rest after the first arrives,
+        and approvals are few and latency-sensitive. Raises when the receiver fails, or when the
+        session lock (kept by hold_session_lock beside it) is lost.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        keeper = (
+            asyncio.create_task(hold_session_lock(receiver), name="session-lock")
+            if self.entity.session
+            else None
+        )
+        try:
+            while True:
+                if keeper is not None and keeper.done():
+                    keeper.result()  # raises why the session lock was lost
+                received = await receiver.receive_messages(max_message_count=1)
+                if task.cancelling():
+                    # The SDK's receive swallowed our cancellation (asyncio.wait_for in Python
+                    # 3.11 can lose one that arrives as a frame does): stop now. A message
+                    # received meanwhile is not settled; its lock lapses and it comes again.
+                    raise asyncio.CancelledError
+                for message in received:
+                    await self._one(receiver, message, handle)
+                yield
+        finally:
+            if keeper is not None:
+                keeper.cancel()
 
     async def _one(
         self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage, handle: Handler

@@ -46,7 +46,9 @@ class Bridge:
     def events(self) -> list[dict[str, Any]]:
         if not self.out.exists():
             return []
-        return [orjson.loads(line) for line in self.out.read_bytes().splitlines() if line]
+        # Only whole lines: a read racing the sink's write may end mid-line.
+        complete = self.out.read_bytes().rpartition(b"\n")[0]
+        return [orjson.loads(line) for line in complete.splitlines() if line]
 
     def transitions(self) -> list[tuple[str, str]]:
         return [(e["type"].rsplit(".", 1)[1], e.get("subject", "")) for e in self.events()]
